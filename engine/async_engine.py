@@ -1,0 +1,191 @@
+"""AsyncEngine: the engine step loop on its own thread, with an asyncio-facing generate()."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import EngineDeadError, EngineOverloaded
+from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest, RequestOutput
+from engine.threads import configure_threads
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput]
+
+
+class AsyncEngine:
+    """Runs LLMEngine.step() in a loop on a dedicated thread; requests come in and outputs go
+    out through thread-safe queues (`loop.call_soon_threadsafe`), one asyncio.Queue per request.
+
+    A consumer that stops iterating `generate()` (disconnect, cancellation) aborts its request
+    and the engine frees its blocks before the next step. If a step raises, every request
+    fails with EngineDeadError and `is_healthy()` turns False.
+    """
+
+    def __init__(self, engine: LLMEngine, model_name: str, model_path: str) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_name = model_name
+        self.model_path = model_path
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.arch.vocab_size
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._dead: BaseException | None = None
+        self._stopping = False
+        self._num_waiting = 0
+        self._thread = threading.Thread(target=self._run, name="structserve-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, config: EngineConfig) -> AsyncEngine:
+        """Load the model named by `config` and start the engine thread (blocking, seconds).
+
+        Raises engine.errors.ModelLoadError when the model cannot be loaded.
+        """
+        from engine.model_loader import load_model
+
+        configure_threads(config.num_threads)
+        device = _pick_device(config.device)
+        dtype = _pick_dtype(config.dtype, device)
+        loaded = load_model(config.model, dtype=dtype, device=device, max_model_len=config.max_model_len)
+        max_model_len = config.max_model_len or min(loaded.arch.max_position_embeddings, 8192)
+        torch.manual_seed(config.seed)
+        engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d",
+                    engine.runner.num_blocks, config.block_size, engine.runner.num_blocks * config.block_size,
+                    max_model_len)
+        return cls(engine, config.served_model_name or loaded.name, loaded.path)
+
+    def is_healthy(self) -> bool:
+        """False once the engine thread has died or shut down."""
+        return self._dead is None and self._thread.is_alive()
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Submit `request` and yield its outputs until the last (finished=True).
+
+        Raises ContextLengthExceeded / InvalidSamplingParams before the first yield,
+        EngineDeadError when the engine is not running, EngineOverloaded when too many wait.
+        """
+        if not self.is_healthy():
+            raise EngineDeadError("the engine is not running")
+        if self._num_waiting >= self.engine.config.max_waiting_requests:
+            raise EngineOverloaded("too many requests are waiting; retry later")
+        self.engine.validate(request)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            self._streams[request.request_id] = stream
+        self._num_waiting += 1
+        self._inbox.put(("add", request))
+        finished = False
+        try:
+            while True:
+                out = await stream.queue.get()
+                if out.error is not None:
+                    finished = True
+                    raise out.error
+                yield out
+                if out.finished:
+                    finished = True
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(request.request_id, None)
+            if not finished:
+                self._inbox.put(("abort", request.request_id))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request from any thread; its blocks are freed before the next step."""
+        self._inbox.put(("abort", request_id))
+
+    def shutdown(self) -> None:
+        """Stop the engine thread after the current step (running requests are aborted)."""
+        self._stopping = True
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=30)
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if kind == "add":
+                self._num_waiting -= 1
+                try:
+                    self.engine.add_request(payload)
+                except Exception as exc:  # noqa: BLE001 - reported to the request, the engine goes on
+                    logger.warning("request %s rejected: %s", payload.request_id, exc)
+                    self._deliver([RequestOutput(payload.request_id, [], len(payload.prompt_token_ids),
+                                                 finished=True, error=exc)])
+            elif kind == "abort":
+                self.engine.abort_request(payload)
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stopping:
+            try:
+                self._drain_inbox(block=not self.engine.has_work())
+                if self._stopping:
+                    break
+                if self.engine.has_work():
+                    started = time.perf_counter()
+                    outputs = self.engine.step()
+                    self._deliver(outputs)
+                    logger.debug("step %.1f ms", 1000 * (time.perf_counter() - started))
+            except Exception as exc:  # noqa: BLE001 - the engine loop must report, not vanish
+                logger.exception("engine step failed; failing all requests")
+                self._dead = exc
+                self._deliver(self.engine.fail_all(EngineDeadError(f"engine failure: {exc}")))
+                return
+        for rid in list(self.engine.requests):
+            self.engine.abort_request(rid)
+        self._dead = EngineDeadError("the engine has shut down")
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]] = {}
+        with self._lock:
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    by_loop.setdefault(stream.loop, []).append((stream.queue, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:
+                logger.warning("event loop closed; dropping %d outputs", len(items))
+
+
+def _put_all(items: list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]) -> None:
+    for q, out in items:
+        q.put_nowait(out)
+
+
+def _pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # On CPUs without AVX512-BF16/AMX, float32 matmuls run ~4x faster than bfloat16.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

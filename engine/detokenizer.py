@@ -1,0 +1,85 @@
+"""Incremental detokenizer with stop-string detection for one sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass(slots=True)
+class IncrementalDetokenizer:
+    """Turns a growing list of output token ids into text deltas that are safe to send.
+
+    Decodes a small window of recent tokens (prefix/read offsets, as in Hugging Face TGI's
+    `decode_token`) so a step costs O(window), and holds text back while the window ends in an
+    incomplete UTF-8 character (U+FFFD). Stop strings: the released text withholds the last
+    `max(len(stop)) - 1` characters until it is known that no stop string starts there, so a stop
+    string split across tokens never leaks. `text` is everything decoded so far; `released`
+    counts the characters already handed out.
+    """
+
+    tokenizer: Any
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    released: int = 0
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                     clean_up_tokenization_spaces=False)
+
+    def add_tokens(self, new_token_ids: list[int]) -> tuple[str, str | None]:
+        """Append tokens; returns (text delta to send, matched stop string or None).
+
+        After a stop string matches, the delta ends where the stop string starts (or after it
+        with include_stop_str_in_output) and the caller must finish the sequence.
+        """
+        for token_id in new_token_ids:
+            self.token_ids.append(token_id)
+            prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
+            new_text = self._decode(self.token_ids[self.prefix_offset:])
+            if len(new_text) > len(prefix_text) and not new_text.endswith(REPLACEMENT_CHAR):
+                self.text += new_text[len(prefix_text):]
+                self.prefix_offset = self.read_offset
+                self.read_offset = len(self.token_ids)
+        return self._release(final=False)
+
+    def flush(self) -> str:
+        """Release everything still held back (the sequence ended without a stop string),
+        including a trailing incomplete character as U+FFFD."""
+        tail = self._decode(self.token_ids[self.prefix_offset:])
+        prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
+        if len(tail) > len(prefix_text):
+            self.text += tail[len(prefix_text):]
+            self.prefix_offset = self.read_offset = len(self.token_ids)
+        delta, _ = self._release(final=True)
+        return delta
+
+    def _release(self, final: bool) -> tuple[str, str | None]:
+        if self.stop:
+            search_from = max(0, self.released - max(len(s) for s in self.stop) + 1)
+            best: tuple[int, str] | None = None
+            for stop in self.stop:
+                pos = self.text.find(stop, search_from)
+                if pos != -1 and (best is None or pos < best[0]):
+                    best = (pos, stop)
+            if best is not None:
+                pos, stop = best
+                end = pos + len(stop) if self.include_stop_str_in_output else pos
+                delta = self.text[self.released:end] if end > self.released else ""
+                self.text = self.text[:end]
+                self.released = max(self.released, end)
+                return delta, stop
+            hold = 0 if final else max(len(s) for s in self.stop) - 1
+        else:
+            hold = 0
+        end = max(self.released, len(self.text) - hold)
+        delta = self.text[self.released:end]
+        self.released = end
+        return delta, None

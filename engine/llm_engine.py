@@ -1,0 +1,187 @@
+"""LLMEngine: the synchronous step loop body (schedule, forward, sample, detokenize, stop)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.block_pool import BlockPool
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import ContextLengthExceeded, InvalidSamplingParams
+from engine.model_runner import ModelRunner
+from engine.request import CompletionDelta, EngineRequest, RequestOutput
+from engine.sampler import Sampler
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import FINISH_REASONS, Sequence, SeqStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestState:
+    """Per-request bookkeeping: its sequences, their detokenizers and unsent deltas."""
+
+    request: EngineRequest
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer]
+    pending: dict[int, CompletionDelta] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        """True once every choice has finished."""
+        return all(s.status.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    """Owns the scheduler, block pool, model runner and sampler; `step()` runs one round.
+
+    Not thread-safe: one thread (engine/async_engine.py) calls every method.
+    """
+
+    def __init__(self, config: EngineConfig, model: Any, arch: Any, tokenizer: Any,
+                 device: torch.device, dtype: torch.dtype, max_model_len: int) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.arch = arch
+        self.max_model_len = max_model_len
+        self.runner = ModelRunner(model, arch, device, dtype, config.block_size,
+                                  config.kv_cache_memory_bytes, max_model_len)
+        self.block_pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len), self.block_pool)
+        self.eos_token_ids: tuple[int, ...] = tuple(arch.eos_token_ids)
+        self.sampler = Sampler(arch.vocab_size, self.eos_token_ids, config.seed)
+        self.requests: dict[str, RequestState] = {}
+        self._seq_ids = itertools.count()
+        self.num_generation_tokens = 0
+        self.num_prompt_tokens = 0
+
+    def validate(self, request: EngineRequest) -> None:
+        """Raise ContextLengthExceeded / InvalidSamplingParams for a request that cannot run."""
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise InvalidSamplingParams("the prompt is empty", param="prompt")
+        max_tokens = request.sampling_params.max_tokens
+        if num_prompt + max_tokens > self.max_model_len:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt + max_tokens} tokens ({num_prompt} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.", param="messages")
+        vocab = self.arch.vocab_size
+        if any(not 0 <= t < vocab for t in request.prompt_token_ids):
+            raise InvalidSamplingParams(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if any(not 0 <= t < vocab for t in request.sampling_params.logit_bias):
+            raise InvalidSamplingParams(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+        if request.request_id in self.requests:
+            raise InvalidSamplingParams(f"duplicate request id {request.request_id}", param="request_id")
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Validate and queue a request: one Sequence per choice (n)."""
+        self.validate(request)
+        params = request.sampling_params
+        seqs: list[Sequence] = []
+        detoks: list[IncrementalDetokenizer] = []
+        for index in range(params.n):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator().manual_seed(params.seed + index)
+            seq = Sequence(
+                seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
+                token_ids=list(request.prompt_token_ids), num_prompt_tokens=len(request.prompt_token_ids),
+                sampling_params=params, arrival_time=request.arrival_time or time.monotonic(),
+                lora_name=request.lora_name, generator=generator,
+                first_sibling=seqs[0] if seqs else None)
+            seqs.append(seq)
+            detoks.append(IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
+                                                 params.skip_special_tokens))
+        self.requests[request.request_id] = RequestState(request, seqs, detoks)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        self.num_prompt_tokens += len(request.prompt_token_ids)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish every unfinished choice of the request with "abort" and free its blocks."""
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return None
+        for seq in state.seqs:
+            if not seq.status.is_finished:
+                self.scheduler.finish(seq, SeqStatus.FINISHED_ABORTED)
+                state.pending[seq.index] = CompletionDelta(seq.index, [], "", finish_reason="abort")
+        return self._make_output(state)
+
+    def has_work(self) -> bool:
+        """True while any request is waiting or running."""
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one schedule + forward + sample round; returns outputs of requests that advanced."""
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        sampling = [item.seq for item in sched.scheduled if item.samples]
+        logits = self.runner.execute(sched)
+        self.scheduler.update_after_step(sched)
+        touched: dict[str, RequestState] = {}
+        if sampling:
+            result = self.sampler.sample(logits, sampling)
+            for seq, token_id, logprob in zip(sampling, result.token_ids, result.logprobs):
+                state = self.requests[seq.request_id]
+                self._append_token(state, seq, token_id, logprob)
+                touched[seq.request_id] = state
+        self.num_generation_tokens += len(sampling)
+        return [self._make_output(state) for state in touched.values()]
+
+    def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprob: Any) -> None:
+        params = seq.sampling_params
+        seq.token_ids.append(token_id)
+        detok = state.detokenizers[seq.index]
+        text, stop_str = detok.add_tokens([token_id])
+        delta = state.pending.setdefault(seq.index, CompletionDelta(seq.index, [], "", [] if logprob else None))
+        delta.token_ids.append(token_id)
+        if logprob is not None and delta.logprobs is not None:
+            delta.logprobs.append(logprob)
+        status: SeqStatus | None = None
+        if stop_str is not None:
+            status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, stop_str
+        elif token_id in self.eos_token_ids and not params.ignore_eos:
+            status = SeqStatus.FINISHED_STOPPED
+        elif token_id in params.stop_token_ids:
+            status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, token_id
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            status = SeqStatus.FINISHED_LENGTH
+        if status is not None:
+            if stop_str is None:
+                text += detok.flush()
+            self.scheduler.finish(seq, status)
+            delta.finish_reason = FINISH_REASONS[status]
+            delta.stop_reason = seq.stop_reason
+        delta.text += text
+
+    def _make_output(self, state: RequestState) -> RequestOutput:
+        deltas = [state.pending[i] for i in sorted(state.pending)]
+        state.pending = {}
+        finished = state.finished
+        rid = state.request.request_id
+        if finished:
+            self.requests.pop(rid, None)
+        return RequestOutput(
+            request_id=rid, deltas=deltas, num_prompt_tokens=len(state.request.prompt_token_ids),
+            num_cached_tokens=state.seqs[0].num_cached_tokens,
+            num_output_tokens=sum(s.num_output_tokens for s in state.seqs), finished=finished)
+
+    def fail_all(self, error: Exception) -> list[RequestOutput]:
+        """Finish every request with `error` (the engine cannot go on); frees all blocks."""
+        outputs = []
+        for rid in list(self.requests):
+            out = self.abort_request(rid)
+            if out is not None:
+                out.error = error
+                outputs.append(out)
+        return outputs

@@ -1,0 +1,106 @@
+"""Model runner: flattens a scheduled step into one batch, runs the model, returns logits."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from engine.attention_metadata import AttentionMetadata
+from engine.errors import ModelLoadError
+from engine.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes that one block takes across all layers, K and V together."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+
+
+class ModelRunner:
+    """Holds the model and the paged KV cache; runs one step's flattened batch.
+
+    KV cache: per layer a (k_cache, v_cache) pair, each [num_blocks, block_size, num_kv_heads,
+    head_dim] in the model dtype on the model device, sized from `kv_cache_memory_bytes`.
+    Raises ModelLoadError when that memory cannot hold one max_model_len sequence.
+    """
+
+    def __init__(self, model: Any, arch: Any, device: torch.device, dtype: torch.dtype,
+                 block_size: int, kv_cache_memory_bytes: int, max_model_len: int) -> None:
+        self.model = model
+        self.arch = arch
+        self.device = device
+        self.dtype = dtype
+        self.block_size = block_size
+        per_block = kv_block_bytes(arch.num_layers, block_size, arch.num_kv_heads, arch.head_dim, dtype)
+        self.num_blocks = kv_cache_memory_bytes // per_block
+        if self.num_blocks * block_size < max_model_len:
+            raise ModelLoadError(
+                f"--kv-cache-memory {kv_cache_memory_bytes} bytes holds {self.num_blocks * block_size} tokens, "
+                f"fewer than max_model_len {max_model_len}; raise it or lower --max-model-len")
+        shape = (self.num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(arch.num_layers)
+        ]
+
+    def prepare(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        """Build (input_ids int64 [T], positions int64 [T], metadata, sample_idx int64 [num_sampling]).
+
+        sample_idx holds the flat row of the last token of each sequence that samples this step.
+        """
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        cu = [0]
+        sample_idx: list[int] = []
+        for item in sched.scheduled:
+            seq, n = item.seq, item.num_scheduled_tokens
+            start = seq.num_computed_tokens
+            input_ids.extend(seq.token_ids[start:start + n])
+            pos = range(start, start + n)
+            positions.extend(pos)
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in pos)
+            query_lens.append(n)
+            seq_lens.append(start + n)
+            cu.append(cu[-1] + n)
+            if item.samples:
+                sample_idx.append(cu[-1] - 1)
+        max_blocks = max(len(item.seq.block_table) for item in sched.scheduled)
+        block_tables = torch.full((len(sched.scheduled), max_blocks), -1, dtype=torch.int32)
+        for i, item in enumerate(sched.scheduled):
+            block_tables[i, :len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.int32)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=block_tables.to(dev),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_lens=query_lens,
+            seq_lens_list=seq_lens,
+            num_decodes=sum(1 for q in query_lens if q == 1),
+            block_size=bs,
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )
+        return (torch.tensor(input_ids, dtype=torch.int64, device=dev),
+                torch.tensor(positions, dtype=torch.int64, device=dev), meta,
+                torch.tensor(sample_idx, dtype=torch.int64, device=dev))
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> torch.Tensor:
+        """Run the step; returns float32 [num_sampling, vocab_size] logits on the CPU, in the order
+        of the sampling sequences in `sched.scheduled`. Writes this step's K/V into the cache."""
+        input_ids, positions, meta, sample_idx = self.prepare(sched)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if sample_idx.numel() == 0:
+            return torch.empty((0, self.arch.vocab_size), dtype=torch.float32)
+        logits = self.model.compute_logits(hidden[sample_idx])
+        return logits.float().cpu()

@@ -1,0 +1,155 @@
+"""Continuous-batching scheduler: decodes first, then chunked prefills, preemption by recompute."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.block_pool import BlockPool
+from engine.sequence import Sequence, SeqStatus
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Per-step limits: tokens run in one forward, sequences in the batch, tokens per sequence."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """A sequence and the number of its tokens computed this step (the query length)."""
+
+    seq: Sequence
+    num_scheduled_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the sequence's last known token, so a new one is sampled."""
+        return self.seq.num_computed_tokens + self.num_scheduled_tokens == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's plan: scheduled sequences (query length 1 first), and those preempted."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        """Tokens run in this step's forward."""
+        return sum(s.num_scheduled_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Owns each sequence's status and counters; FCFS with preemption by recompute.
+
+    Each step: running sequences first (decodes and unfinished chunked prefills, in admission
+    order), preempting the most recently admitted running sequence when blocks run out; then
+    waiting sequences in arrival order (preempted ones at the front), each taking prefix-cache
+    hits and then as many prompt tokens as the token budget allows (chunked prefill). A waiting
+    sequence whose grammar is compiling, or whose choice-0 sibling has not finished its prefill
+    (so that it can reuse the prompt blocks), is passed over without blocking the others.
+    """
+
+    def __init__(self, config: SchedulerConfig, block_pool: BlockPool) -> None:
+        self.config = config
+        self.block_pool = block_pool
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new sequence (status WAITING or WAITING_FOR_GRAMMAR)."""
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        """True while any sequence is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step within max_num_batched_tokens and max_num_seqs; allocates KV slots."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        idx = 0
+        while idx < len(self.running) and budget > 0:
+            seq = self.running[idx]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_pool.allocate_slots(seq, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                out.scheduled.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+                idx += 1
+        if not out.preempted:
+            budget = self._schedule_waiting(out, budget)
+        out.scheduled.sort(key=lambda s: s.num_scheduled_tokens != 1)
+        return out
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        skipped: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._ready(seq):
+                skipped.append(self.waiting.popleft())
+                continue
+            cached = self.block_pool.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
+            num_cached_tokens = len(cached) * self.block_pool.block_size
+            num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
+            if not self.block_pool.allocate_slots(seq, num_new, cached):
+                break
+            self.waiting.popleft()
+            if seq.status is SeqStatus.WAITING:
+                seq.num_cached_tokens = num_cached_tokens
+            seq.num_computed_tokens += num_cached_tokens
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        self.waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _ready(self, seq: Sequence) -> bool:
+        if seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
+            return False
+        sibling = seq.first_sibling
+        if sibling is None or not self.block_pool.enable_prefix_caching or sibling.status.is_finished:
+            return True
+        return sibling.status is SeqStatus.RUNNING and sibling.num_computed_tokens >= sibling.num_prompt_tokens
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_pool.free_seq(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SeqStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """Advance num_computed_tokens of every scheduled sequence and cache its full blocks."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_scheduled_tokens
+            self.block_pool.cache_full_blocks(item.seq)
+
+    def finish(self, seq: Sequence, status: SeqStatus) -> None:
+        """End `seq` with a FINISHED_* status, free its blocks and drop it from the queues."""
+        assert status.is_finished
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif not seq.status.is_finished:
+            self.waiting.remove(seq)
+        seq.status = status
+        self.block_pool.free_seq(seq)
+
+    def check_invariants(self) -> None:
+        """Assert the block pool invariants against the sequences that hold blocks."""
+        holders = [s for s in self.running] + [s for s in self.waiting if s.block_table]
+        self.block_pool.check_invariants(holders)
+        assert len(self.running) <= self.config.max_num_seqs
