@@ -1,0 +1,23 @@
+"""API-key check for /v1/* (`--api-key`)."""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import Request
+
+from api.context import Context
+from api.errors import AuthenticationFailed
+
+
+async def require_api_key(request: Request, context: Context) -> None:
+    """FastAPI dependency: with an api key configured, demand `Authorization: Bearer <key>`.
+
+    The comparison is constant-time. Raises AuthenticationFailed (401).
+    """
+    expected = context.config.api_key
+    if not expected:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise AuthenticationFailed("Incorrect or missing API key; send 'Authorization: Bearer <key>'.")

@@ -1,0 +1,28 @@
+"""The api's frozen configuration, built by `api/cli.py`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """What the HTTP server needs.
+
+    served_model_names: names clients may send as `model`; the first one is reported in responses.
+        Empty means the engine's own `model_name`.
+    model_aliases: extra names accepted for the base model (not listed by /v1/models); "default"
+        lets clients written against a generic OpenAI-compatible server work unchanged.
+    api_key: when set, /v1/* needs `Authorization: Bearer <api_key>`.
+    chat_template: template text that replaces the tokenizer's own (the CLI reads a path into text).
+    sse_ping_interval_s: seconds between SSE keep-alive comments (`: ping`); 0 disables them.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_names: tuple[str, ...] = ()
+    model_aliases: tuple[str, ...] = ("default",)
+    chat_template: str | None = None
+    log_level: str = "info"
+    sse_ping_interval_s: float = 15.0

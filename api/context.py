@@ -1,0 +1,81 @@
+"""What every route needs: the engine (as a protocol), the server config, and the model lookup."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol
+
+from fastapi import Depends, Request
+
+from api.config import ServerConfig
+from api.errors import ModelNotFound
+from engine.request import EngineRequest, RequestOutput
+
+
+class EngineClient(Protocol):
+    """The part of `engine.async_engine.AsyncEngine` the api uses (a fake engine in tests)."""
+
+    tokenizer: Any
+    model_name: str
+    model_path: str
+    max_model_len: int
+    vocab_size: int
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Yield the request's outputs; errors before the first yield, abort when iteration stops."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op when it is unknown or finished)."""
+        ...
+
+    def is_healthy(self) -> bool:
+        """False once the engine thread is gone."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedModel:
+    """The model a request asked for: the name to report and the LoRA adapter (None: base model)."""
+
+    name: str
+    lora_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerContext:
+    """Engine + config, shared by all routes through `app.state.context`."""
+
+    engine: EngineClient
+    config: ServerConfig
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """Names listed by /v1/models; the first is reported in responses."""
+        return self.config.served_model_names or (self.engine.model_name,)
+
+    def resolve_model(self, requested: str | None) -> ResolvedModel:
+        """Map the request's `model` to a served model; None means the base model.
+
+        The one place that decides which names exist (LoRA adapters will be looked up here).
+        Raises ModelNotFound listing the available names.
+        """
+        names = self.served_model_names
+        if requested is None or requested in names or requested in self.config.model_aliases:
+            return ResolvedModel(name=names[0])
+        raise ModelNotFound(
+            f"The model `{requested}` does not exist. Available models: {', '.join(names)}", param="model"
+        )
+
+
+def get_context(request: Request) -> ServerContext:
+    """FastAPI dependency: the app's ServerContext."""
+    context: ServerContext = request.app.state.context
+    return context
+
+
+Context = Annotated[ServerContext, Depends(get_context)]
+"""Route parameter type that receives the app's ServerContext."""

@@ -1,0 +1,184 @@
+"""The api's exception types and the one table mapping every exception type to an OpenAI error.
+
+Every non-2xx body is `{"error": {"message", "type", "param", "code"}}`; `code` is a string or
+null, never the HTTP status. Inside a started SSE stream the same body goes out as a final
+`data:` event (see `api/sse.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api.protocol.common import ErrorInfo, ErrorResponse
+from engine.errors import (
+    ContextLengthExceeded,
+    EngineDeadError,
+    EngineError,
+    EngineOverloaded,
+    InvalidSamplingParams,
+    ModelLoadError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(Exception):
+    """Base of the api's own exceptions. `param` names the request field at fault, if any."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(ApiError):
+    """The body is malformed, of the wrong type or out of range (400)."""
+
+
+class NotSupported(ApiError):
+    """A well-formed request asks for something this server does not do (yet) (400)."""
+
+
+class ModelNotFound(ApiError):
+    """`model` names neither a served model nor an adapter (404)."""
+
+
+class AuthenticationFailed(ApiError):
+    """Missing or wrong `Authorization: Bearer` key (401)."""
+
+
+class RequestAborted(ApiError):
+    """The engine ended the request without finishing it (shutdown, 503)."""
+
+
+class ClientDisconnected(ApiError):
+    """The client went away before the answer; nothing is sent back."""
+
+
+ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
+    # exception type -> (HTTP status, OpenAI type, code)
+    InvalidRequest: (400, "invalid_request_error", None),
+    NotSupported: (400, "invalid_request_error", "not_supported"),
+    InvalidSamplingParams: (400, "invalid_request_error", None),
+    ContextLengthExceeded: (400, "invalid_request_error", "context_length_exceeded"),
+    AuthenticationFailed: (401, "invalid_request_error", "invalid_api_key"),
+    ModelNotFound: (404, "invalid_request_error", "model_not_found"),
+    EngineOverloaded: (429, "rate_limit_error", "overloaded"),
+    ClientDisconnected: (499, "invalid_request_error", "client_disconnected"),
+    EngineDeadError: (500, "server_error", "engine_dead"),
+    ModelLoadError: (500, "server_error", None),
+    EngineError: (500, "server_error", None),
+    RequestAborted: (503, "server_error", "request_aborted"),
+}
+_INTERNAL: tuple[int, str, str | None] = (500, "server_error", None)
+
+
+def error_status(exc: BaseException) -> tuple[int, str, str | None]:
+    """(status, type, code) of `exc`: the entry of its nearest class in ERROR_STATUS, else a 500."""
+    for cls in type(exc).__mro__:
+        if cls in ERROR_STATUS:
+            return ERROR_STATUS[cls]
+    return _INTERNAL
+
+
+def error_body(exc: BaseException) -> ErrorResponse:
+    """The OpenAI error object for `exc`; unexpected exceptions get a generic message."""
+    _, error_type, code = error_status(exc)
+    if isinstance(exc, (ApiError, EngineError)):
+        message, param = exc.message, exc.param
+    else:
+        message, param = "internal server error", None
+    return ErrorResponse(
+        error=ErrorInfo(message=message or error_type, type=error_type, param=param, code=code)
+    )
+
+
+def error_response(exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A JSONResponse with the status and body of `exc`."""
+    status, _, _ = error_status(exc)
+    return JSONResponse(error_body(exc).model_dump(), status_code=status, headers=headers)
+
+
+def _http_error_body(status: int, message: str) -> dict[str, object]:
+    error_type = "invalid_request_error" if status < 500 else "server_error"
+    return ErrorResponse(error=ErrorInfo(message=message, type=error_type)).model_dump()
+
+
+async def _handle_known(request: Request, exc: Exception) -> JSONResponse:
+    status, _, _ = error_status(exc)
+    if status >= 500:
+        logger.error("request %s failed: %s", getattr(request.state, "request_id", "-"), exc)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationFailed) else None
+    return error_response(exc, headers)
+
+
+async def _handle_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    return JSONResponse(
+        _http_error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+    )
+
+
+async def _handle_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return error_response(invalid_request_from_errors(list(exc.errors()), None))
+
+
+def invalid_request_from_errors(errors: list[Any], data: Any) -> ApiError:
+    """Turn pydantic validation errors into one InvalidRequest (NotSupported when every error of
+    the reported field is a `not_supported` error) whose `param` is the field path, e.g.
+    `messages[0].content`. `data` is the parsed JSON body, used to tell field names from the union
+    member tags pydantic puts into `loc`; None formats `loc` as is."""
+    if not errors:
+        return InvalidRequest("invalid request body")
+    if errors[0]["type"] == "json_invalid":
+        return InvalidRequest(f"the request body is not valid JSON: {errors[0]['msg']}")
+    paths = [_param_path(tuple(e["loc"]), data) for e in errors]
+    # the deepest path is the union member that matched furthest (e.g. the bad part of a list)
+    param = max(paths, key=lambda p: (p or "").count(".") + (p or "").count("["))
+    group = [e for e, p in zip(errors, paths, strict=True) if p == param]
+    first = group[0]
+    if param is None and first["type"] == "model_type":
+        return InvalidRequest("the request body must be a JSON object")
+    if first["type"] == "extra_forbidden":
+        return InvalidRequest(f"Unrecognized request argument supplied: {param}", param=param)
+    if first["type"] == "missing":
+        return InvalidRequest(f"Missing required parameter: '{param}'", param=param)
+    message = " or ".join(dict.fromkeys(str(e["msg"]) for e in group))
+    if all(e["type"] == "not_supported" for e in group):
+        return NotSupported(message, param=param)
+    return InvalidRequest(f"Invalid value for '{param}': {message}" if param else message, param=param)
+
+
+def _param_path(loc: tuple[Any, ...], data: Any) -> str | None:
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]
+    parts: list[str] = []
+    current = data
+    for i, key in enumerate(loc):
+        if isinstance(key, int) and (data is None or (isinstance(current, list) and 0 <= key < len(current))):
+            parts.append(f"[{key}]")
+            current = current[key] if isinstance(current, list) else None
+        elif isinstance(key, str) and (data is None or (isinstance(current, dict) and key in current)):
+            parts.append(f".{key}" if parts else key)
+            current = current.get(key) if isinstance(current, dict) else None
+        elif isinstance(key, str) and i == len(loc) - 1 and isinstance(current, dict):
+            parts.append(f".{key}" if parts else key)  # a missing field
+        # anything else is a union member tag ('str', 'list[int]', 'user'), not part of the path
+    return "".join(parts) or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers: api and engine errors through ERROR_STATUS, HTTP errors (404, 405)
+    and FastAPI validation errors as OpenAI bodies. Unexpected exceptions are turned into a 500
+    by `api/middleware.py`, which also keeps the x-request-id header on them."""
+    app.add_exception_handler(ApiError, _handle_known)
+    app.add_exception_handler(EngineError, _handle_known)
+    app.add_exception_handler(StarletteHTTPException, _handle_http)
+    app.add_exception_handler(RequestValidationError, _handle_validation)

@@ -1,0 +1,74 @@
+"""The /v1/chat/completions request body (OpenAI fields verbatim, plus vLLM extensions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from api.protocol.messages import ChatMessage, Tool, ToolChoice
+from api.protocol.sampling_fields import SamplingFields
+
+
+def _not_supported(field: str) -> PydanticCustomError:
+    return PydanticCustomError("not_supported", "'{field}' is not supported by this server", {"field": field})
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions.
+
+    Accepted and ignored (no effect on a self-hosted text model): metadata, store, service_tier,
+    reasoning_effort, verbosity, prediction, prompt_cache_*, safety_identifier, moderation,
+    parallel_tool_calls (until tool calls are wired). Rejected with a plain 400: audio output,
+    web_search_options, the deprecated functions/function_call.
+    """
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    prediction: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    moderation: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    # vLLM extensions
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        other = [m for m in value or [] if m != "text"]
+        if other:
+            raise PydanticCustomError(
+                "not_supported", "output modality '{m}' is not supported; only 'text'", {"m": other[0]}
+            )
+        return value
+
+    @field_validator("audio", "web_search_options", "functions", "function_call")
+    @classmethod
+    def _unsupported(cls, value: Any, info: Any) -> Any:
+        if value is not None:
+            raise _not_supported(info.field_name)
+        return value
+
+    def requested_max_tokens(self) -> int | None:
+        """`max_completion_tokens`, else the deprecated `max_tokens`, else None (rest of context)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -1,0 +1,88 @@
+"""Request fields shared by /v1/chat/completions and /v1/completions (OpenAI + vLLM extras).
+
+Every field is optional and nullable; null means the default, resolved in
+`api/sampling_from_request.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from api.protocol.common import RequestModel, StreamOptions
+from api.protocol.messages import ResponseFormat
+
+
+class SamplingFields(RequestModel):
+    """Fields common to chat and text completions requests."""
+
+    model: str | None = None
+    n: int | None = Field(default=None, ge=1, le=128)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM extensions
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    add_special_tokens: bool | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for token, bias in (value or {}).items():
+            if not token.isdigit():
+                raise PydanticCustomError(
+                    "invalid_value", "logit_bias keys must be token ids, got '{token}'", {"token": token}
+                )
+            if not -100.0 <= bias <= 100.0:
+                raise PydanticCustomError(
+                    "invalid_value", "logit_bias values must be in [-100, 100], got {bias}", {"bias": bias}
+                )
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else (value or [])
+        if any(not s for s in stops):
+            raise PydanticCustomError("invalid_value", "stop strings must be non-empty")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids_non_negative(cls, value: list[int] | None) -> list[int] | None:
+        if any(i < 0 for i in value or []):
+            raise PydanticCustomError("invalid_value", "stop_token_ids must be non-negative token ids")
+        return value
+
+    def stop_list(self) -> list[str]:
+        """`stop` as a list (a single string becomes one element)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage-only chunk (`stream_options.include_usage`)."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """Whether every chunk carries running usage (`stream_options.continuous_usage_stats`)."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)

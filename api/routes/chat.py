@@ -1,0 +1,67 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from api.auth import require_api_key
+from api.chat_output import ChatOutputOptions, chat_chunks, chat_completion
+from api.chat_render import RenderOptions, render_chat_prompt
+from api.context import Context
+from api.grammar_from_request import grammar_spec_for_chat
+from api.logprobs_output import LogprobFormatter
+from api.protocol.chat_request import ChatCompletionRequest
+from api.request_body import read_body
+from api.response_meta import ResponseMeta
+from api.sampling_from_request import chat_logprobs, resolve_max_tokens, sampling_params_from_request
+from api.serving import respond
+from engine.request import EngineRequest
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request, context: Context) -> Response:
+    """Render the messages with the chat template, generate, and answer as chat.completion or SSE chunks."""
+    body = await read_body(request, ChatCompletionRequest)
+    model = context.resolve_model(body.model)
+    grammar_spec = grammar_spec_for_chat(body)
+    engine = context.engine
+    options = RenderOptions(
+        add_generation_prompt=body.add_generation_prompt is not False,
+        continue_final_message=bool(body.continue_final_message),
+        chat_template_kwargs=body.chat_template_kwargs,
+        chat_template=context.config.chat_template,
+        add_special_tokens=bool(body.add_special_tokens),
+    )
+    prompt = await render_chat_prompt(engine.tokenizer, body.messages, body.tools, options)
+    max_tokens = resolve_max_tokens(
+        body.requested_max_tokens(), len(prompt.token_ids), engine.max_model_len, "messages"
+    )
+    num_logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
+    params = sampling_params_from_request(
+        body, max_tokens=max_tokens, logprobs=num_logprobs, vocab_size=engine.vocab_size
+    )
+    meta = ResponseMeta.new("chatcmpl", model.name)
+    engine_request = EngineRequest(
+        meta.id, prompt.token_ids, params, grammar_spec, model.lora_name, time.monotonic()
+    )
+    output_options = ChatOutputOptions(
+        n=params.n,
+        logprobs=num_logprobs is not None,
+        include_usage=body.include_usage(),
+        continuous_usage=body.continuous_usage(),
+    )
+    fmt = LogprobFormatter(engine.tokenizer)
+    return await respond(
+        request,
+        context,
+        [engine_request],
+        bool(body.stream),
+        chunks=partial(chat_chunks, meta=meta, options=output_options, fmt=fmt),
+        whole=partial(chat_completion, meta=meta, options=output_options, fmt=fmt),
+    )

@@ -1,0 +1,56 @@
+"""Running an API request's engine streams to an HTTP response, streamed (SSE) or whole (JSON),
+with the engine requests aborted whenever the client leaves first."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+from fastapi import Request
+from pydantic import BaseModel
+from starlette.responses import Response
+
+from api.context import ServerContext
+from api.disconnect import cancel_on_disconnect
+from api.engine_stream import EngineStream, StreamGroup
+from api.sse import EngineEventSourceResponse, sse_data
+from engine.request import EngineRequest, RequestOutput
+
+Outputs = AsyncIterator[tuple[int, RequestOutput]]
+
+
+async def respond(
+    request: Request,
+    context: ServerContext,
+    engine_requests: list[EngineRequest],
+    stream: bool,
+    chunks: Callable[[Outputs], AsyncIterator[BaseModel]],
+    whole: Callable[[Outputs], Awaitable[BaseModel]],
+) -> Response:
+    """Submit `engine_requests` and answer: SSE of `chunks(outputs)` when `stream`, else the JSON of
+    `whole(outputs)`.
+
+    The first output is awaited before any byte is sent, so engine errors raised before it are
+    ordinary HTTP errors. A client that disconnects (before the first output, during a whole
+    answer, or mid-stream) gets its engine requests aborted at once.
+    """
+    request_id = getattr(request.state, "request_id", "-")
+    group = StreamGroup([EngineStream(context.engine, r) for r in engine_requests])
+    try:
+        await cancel_on_disconnect(request.receive, group.start(), request_id)
+    except BaseException:
+        await _close(group)
+        raise
+    if stream:
+        events = sse_data(chunks(group.outputs()), request_id)
+        return EngineEventSourceResponse(events, group.aclose, context.config.sse_ping_interval_s)
+    try:
+        result = await cancel_on_disconnect(request.receive, whole(group.outputs()), request_id)
+    finally:
+        await _close(group)
+    return Response(result.model_dump_json(), media_type="application/json")
+
+
+async def _close(group: StreamGroup) -> None:
+    with anyio.CancelScope(shield=True):
+        await group.aclose()

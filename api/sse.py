@@ -1,0 +1,60 @@
+"""Server-sent events for streamed completions: `data: <json>` events, `data: [DONE]` at the end,
+an in-stream error as one final `data: {"error": ...}` event, and cleanup on every exit path."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+
+import anyio
+from pydantic import BaseModel
+from sse_starlette import EventSourceResponse
+from starlette.types import Receive, Scope, Send
+
+from api.errors import error_body
+
+logger = logging.getLogger(__name__)
+
+DONE = "[DONE]"
+
+
+async def sse_data(chunks: AsyncIterator[BaseModel], request_id: str) -> AsyncGenerator[str, None]:
+    """JSON of each chunk, then "[DONE]". An exception from `chunks` becomes one error event and
+    ends the stream without [DONE] (the OpenAI SDK raises APIError on it)."""
+    try:
+        async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+            async for chunk in chunks:
+                yield chunk.model_dump_json()
+    except Exception as exc:  # noqa: BLE001 - the stream has started: the error can only be an event
+        logger.warning("request %s: stream failed: %s", request_id, exc)
+        yield error_body(exc).model_dump_json()
+        return
+    yield DONE
+
+
+class EngineEventSourceResponse(EventSourceResponse):
+    """An EventSourceResponse (events separated by a blank line, `\\n` line ends) that closes its
+    event generator and runs `on_close` however it ends: completion, client disconnect (sse-starlette
+    cancels the sender), or server shutdown. `on_close` aborts unfinished engine requests."""
+
+    def __init__(
+        self,
+        events: AsyncGenerator[str, None],
+        on_close: Callable[[], Awaitable[None]],
+        ping_interval_s: float,
+    ) -> None:
+        super().__init__(events, sep="\n", ping=ping_interval_s)
+        self._events = events
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream the events; always close the generator and run `on_close` afterwards."""
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._events.aclose()
+                finally:
+                    await self._on_close()

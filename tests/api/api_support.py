@@ -1,0 +1,204 @@
+"""Test support for tests/api: a byte-level fake tokenizer, a deterministic fake engine with
+AsyncEngine's interface, and SSE parsing helpers. (Named uniquely: tests/ has no __init__.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.errors import ContextLengthExceeded
+from engine.request import CompletionDelta, EngineRequest, RequestOutput, TokenLogprob
+
+SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>\n' }}{% endfor %}"
+    "{% if tools %}{{ '<|im_start|>tools\n' + (tools | tojson) + '<|im_end|>\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class FakeTokenizer:
+    """Token id = UTF-8 byte value; 256.. are the special tokens. No BOS is added (like SmolLM2's GGUF)."""
+
+    def __init__(self) -> None:
+        self.chat_template: str | None = CHAT_TEMPLATE
+        self.vocab_size = 256 + len(SPECIAL_TOKENS)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = []
+        i = 0
+        while i < len(text):
+            special = next((s for s in SPECIAL_TOKENS if text.startswith(s, i)), None)
+            if special is not None:
+                ids.append(256 + SPECIAL_TOKENS.index(special))
+                i += len(special)
+            else:
+                ids.extend(text[i].encode("utf-8"))
+                i += 1
+        return ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        out, pending = [], bytearray()
+        for t in token_ids:
+            if t < 256:
+                pending.append(t)
+                continue
+            out.append(pending.decode("utf-8", errors="replace"))
+            pending = bytearray()
+            if not skip_special_tokens:
+                out.append(SPECIAL_TOKENS[t - 256])
+        out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str]:
+        return [self.decode([t]) for t in token_ids]
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = False,
+        continue_final_message: bool = False,
+        tokenize: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        assert not tokenize
+        env = ImmutableSandboxedEnvironment()
+        text = env.from_string(chat_template or self.chat_template or "").render(
+            messages=conversation, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+        if continue_final_message:
+            text = text[: text.rindex("<|im_end|>")]
+        return text
+
+
+class FakeEngine:
+    """Emits `script` (choice i > 0: `script` + " #i") one byte-token per step, cut at stop strings.
+
+    Records submitted requests, abort() calls and requests whose generator was closed unfinished
+    (`aborted`), like AsyncEngine, which aborts a request whose consumer stops iterating.
+    """
+
+    def __init__(
+        self,
+        script: str = "Hello world!",
+        step_delay_s: float = 0.0,
+        first_token_delay_s: float = 0.0,
+        max_model_len: int = 256,
+    ) -> None:
+        self.tokenizer = FakeTokenizer()
+        self.model_name = "fake-model"
+        self.model_path = "/models/fake.gguf"
+        self.max_model_len = max_model_len
+        self.vocab_size = self.tokenizer.vocab_size
+        self.script = script
+        self.step_delay_s = step_delay_s
+        self.first_token_delay_s = first_token_delay_s
+        self.healthy = True
+        self.fail_after_tokens: int | None = None  # raise RuntimeError mid-stream after this many steps
+        self.requests: list[EngineRequest] = []
+        self.aborted: list[str] = []
+        self.abort_calls: list[str] = []
+        self.completed: list[str] = []
+
+    def choice_text(self, index: int) -> str:
+        """The full text choice `index` would produce without stop strings or max_tokens."""
+        return self.script if index == 0 else f"{self.script} #{index}"
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        params = request.sampling_params
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt + params.max_tokens > self.max_model_len:
+            raise ContextLengthExceeded(
+                f"fake engine: {num_prompt} + {params.max_tokens} > {self.max_model_len}"
+            )
+        self.requests.append(request)
+        plans = [self._plan(i, params.stop, params.max_tokens) for i in range(params.n)]
+        num_steps = max(len(ids) for ids, _, _ in plans)
+        done = False
+        try:
+            await asyncio.sleep(self.first_token_delay_s)
+            num_output = 0
+            for step in range(num_steps):
+                if self.fail_after_tokens is not None and step >= self.fail_after_tokens:
+                    raise RuntimeError("fake engine failure")
+                if step:
+                    await asyncio.sleep(self.step_delay_s)
+                deltas = []
+                for i, (ids, texts, reason) in enumerate(plans):
+                    if step >= len(ids):
+                        continue
+                    num_output += 1
+                    last = step == len(ids) - 1
+                    logprobs = None
+                    if params.logprobs is not None:
+                        top = [(ids[step], -0.25), (ord("x"), float("-inf"))][: params.logprobs]
+                        logprobs = [TokenLogprob(ids[step], -0.25, top)]
+                    deltas.append(
+                        CompletionDelta(i, [ids[step]], texts[step], logprobs, reason if last else None)
+                    )
+                finished = step == num_steps - 1
+                yield RequestOutput(
+                    request.request_id,
+                    deltas,
+                    num_prompt,
+                    num_cached_tokens=2,
+                    num_output_tokens=num_output,
+                    finished=finished,
+                )
+            done = True
+            self.completed.append(request.request_id)
+        finally:
+            if not done:
+                self.aborted.append(request.request_id)
+
+    def _plan(self, index: int, stops: tuple[str, ...], max_tokens: int) -> tuple[list[int], list[str], str]:
+        """(token ids, text released per token, finish reason) of one choice."""
+        text = self.choice_text(index)
+        cuts = [text.index(s) for s in stops if s in text]
+        if cuts:
+            text = text[: min(cuts)]
+        ids = self.tokenizer.encode(text)
+        if not ids:  # a stop string at the very start: one token is generated, its text withheld
+            return [ord(" ")], [""], "stop"
+        reason = "stop"
+        if len(ids) > max_tokens:
+            ids, reason = ids[:max_tokens], "length"
+        return ids, [self.tokenizer.decode([t]) for t in ids], reason
+
+    def abort(self, request_id: str) -> None:
+        self.abort_calls.append(request_id)
+
+    def is_healthy(self) -> bool:
+        return self.healthy
+
+
+def chat_body(**fields: Any) -> dict[str, Any]:
+    """A minimal valid chat request with `fields` added."""
+    return {"model": "fake-model", "messages": [{"role": "user", "content": "Say hello."}], **fields}
+
+
+def sse_events(text: str) -> list[str]:
+    """The data payloads of an SSE body, checking the framing: every event is one `data: ` line
+    followed by a blank line (comment lines allowed)."""
+    assert text.endswith("\n\n"), repr(text[-20:])
+    payloads = []
+    for block in text.split("\n\n")[:-1]:
+        lines = [line for line in block.split("\n") if not line.startswith(":")]
+        assert len(lines) == 1 and lines[0].startswith("data: "), block
+        payloads.append(lines[0][len("data: ") :])
+    return payloads
+
+
+def sse_json(text: str) -> list[dict[str, Any]]:
+    """The JSON events of an SSE body that ends with `data: [DONE]` (asserted)."""
+    payloads = sse_events(text)
+    assert payloads[-1] == "[DONE]"
+    assert "[DONE]" not in payloads[:-1]
+    return [json.loads(p) for p in payloads[:-1]]

