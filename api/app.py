@@ -8,7 +8,7 @@ from api.config import ServerConfig
 from api.context import EngineClient, ServerContext
 from api.errors import install_error_handlers
 from api.middleware import RequestIdMiddleware
-from api.routes import chat, completions, health, models, tokenize
+from api.routes import chat, completions, health, metrics, models, tokenize
 
 
 def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
@@ -19,7 +19,7 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     """
     app = FastAPI(title="structserve", docs_url=None, redoc_url=None)
     app.state.context = ServerContext(engine=engine, config=server_config)
-    for module in (chat, completions, models, tokenize, health):
+    for module in (chat, completions, models, tokenize, health, metrics):
         app.include_router(module.router)
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)

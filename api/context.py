@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 
 from api.config import ServerConfig
 from api.errors import ModelNotFound
+from engine.stats import EngineStats
 from engine.request import EngineRequest, RequestOutput
 
 
@@ -33,6 +34,10 @@ class EngineClient(Protocol):
 
     def is_healthy(self) -> bool:
         """False once the engine thread is gone."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """Counters and gauges for /metrics."""
         ...
 
 

@@ -19,6 +19,7 @@ from api.protocol.common import ErrorInfo, ErrorResponse
 from engine.errors import (
     ContextLengthExceeded,
     EngineDeadError,
+    EngineStepError,
     EngineError,
     EngineOverloaded,
     InvalidSamplingParams,
@@ -72,6 +73,7 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     EngineOverloaded: (429, "rate_limit_error", "overloaded"),
     ClientDisconnected: (499, "invalid_request_error", "client_disconnected"),
     EngineDeadError: (500, "server_error", "engine_dead"),
+    EngineStepError: (500, "server_error", "engine_step_failed"),
     ModelLoadError: (500, "server_error", None),
     EngineError: (500, "server_error", None),
     RequestAborted: (503, "server_error", "request_aborted"),

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -14,12 +13,15 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, EngineOverloaded
+from engine.errors import EngineDeadError, EngineOverloaded, EngineStepError
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestOutput
+from engine.stats import EngineStats
 from engine.threads import configure_threads
 
 logger = logging.getLogger(__name__)
+
+MAX_CONSECUTIVE_FAILURES = 3   # steps failing in a row before the engine declares itself dead
 
 
 @dataclass(slots=True)
@@ -72,6 +74,10 @@ class AsyncEngine:
                     engine.runner.num_blocks, config.block_size, engine.runner.num_blocks * config.block_size,
                     max_model_len)
         return cls(engine, config.served_model_name or loaded.name, loaded.path)
+
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine's counters and gauges (engine/stats.py)."""
+        return self.engine.stats()
 
     def is_healthy(self) -> bool:
         """False once the engine thread has died or shut down."""
@@ -140,21 +146,24 @@ class AsyncEngine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        consecutive_failures = 0
         while not self._stopping:
             try:
                 self._drain_inbox(block=not self.engine.has_work())
                 if self._stopping:
                     break
                 if self.engine.has_work():
-                    started = time.perf_counter()
-                    outputs = self.engine.step()
-                    self._deliver(outputs)
-                    logger.debug("step %.1f ms", 1000 * (time.perf_counter() - started))
+                    self._deliver(self.engine.step())
+                consecutive_failures = 0
             except Exception as exc:  # noqa: BLE001 - the engine loop must report, not vanish
-                logger.exception("engine step failed; failing all requests")
-                self._dead = exc
-                self._deliver(self.engine.fail_all(EngineDeadError(f"engine failure: {exc}")))
-                return
+                # Fail the requests in flight and free their blocks; keep serving unless it repeats.
+                consecutive_failures += 1
+                ids = ",".join(self.engine.requests)
+                logger.exception("engine step failed (requests %s); failing them", ids)
+                self._deliver(self.engine.fail_all(EngineStepError(f"the engine step failed: {exc}")))
+                if consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
+                    self._dead = exc
+                    return
         for rid in list(self.engine.requests):
             self.engine.abort_request(rid)
         self._dead = EngineDeadError("the engine has shut down")

@@ -30,3 +30,7 @@ class EngineDeadError(EngineError):
 
 class EngineOverloaded(EngineError):
     """Too many requests are waiting (HTTP 429)."""
+
+
+class EngineStepError(EngineError):
+    """A step failed while this request was in the batch; the request ends, the engine goes on (HTTP 500)."""

@@ -19,6 +19,7 @@ from engine.request import CompletionDelta, EngineRequest, RequestOutput
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FINISH_REASONS, Sequence, SeqStatus
+from engine.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +117,22 @@ class LLMEngine:
                 state.pending[seq.index] = CompletionDelta(seq.index, [], "", finish_reason="abort")
         return self._make_output(state)
 
+    def stats(self) -> EngineStats:
+        """Counters and gauges now (safe to call from another thread: reads ints only)."""
+        pool = self.block_pool
+        return EngineStats(
+            num_requests_running=len({s.request_id for s in list(self.scheduler.running)}),
+            num_requests_waiting=len({s.request_id for s in list(self.scheduler.waiting)}),
+            kv_cache_usage=pool.usage, num_blocks=pool.num_blocks, num_free_blocks=pool.num_free_blocks,
+            prefix_cache_queries=pool.stats.queries, prefix_cache_hits=pool.stats.hits,
+            prompt_tokens=self.num_prompt_tokens, generation_tokens=self.num_generation_tokens,
+            num_preemptions=self.scheduler.num_preemptions)
+
     def has_work(self) -> bool:
         """True while any request is waiting or running."""
         return self.scheduler.has_work()
 
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Run one schedule + forward + sample round; returns outputs of requests that advanced."""
         sched = self.scheduler.schedule()

