@@ -41,6 +41,7 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine, model_name: str, model_path: str) -> None:
         self.engine = engine
+        engine.structured.on_ready = self._wake
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
         self.model_path = model_path
@@ -70,6 +71,7 @@ class AsyncEngine:
         max_model_len = config.max_model_len or min(loaded.arch.max_position_embeddings, 8192)
         torch.manual_seed(config.seed)
         engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len)
+        engine.structured.compiler.warm_up()
         logger.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d",
                     engine.runner.num_blocks, config.block_size, engine.runner.num_blocks * config.block_size,
                     max_model_len)
@@ -126,6 +128,9 @@ class AsyncEngine:
         self._inbox.put(("stop", None))
         self._thread.join(timeout=30)
 
+    def _wake(self) -> None:
+        self._inbox.put(("wake", None))
+
     def _drain_inbox(self, block: bool) -> None:
         while True:
             try:
@@ -149,7 +154,9 @@ class AsyncEngine:
         consecutive_failures = 0
         while not self._stopping:
             try:
-                self._drain_inbox(block=not self.engine.has_work())
+                # Block while there is nothing to run (idle, or every request awaits its grammar);
+                # new requests, aborts and finished compiles all arrive through the inbox.
+                self._drain_inbox(block=not self.engine.has_work() or not self.engine.last_step_scheduled)
                 if self._stopping:
                     break
                 if self.engine.has_work():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from constrained import GrammarConfig
 
 from engine.errors import InvalidSamplingParams
 
@@ -18,6 +20,7 @@ class EngineConfig:
     max_model_len: tokens per sequence (prompt + output); None = the model's own limit capped at 8192.
     kv_cache_memory_bytes: bytes for all layers' K and V blocks together.
     num_threads: torch intra-op threads on CPU; None = measured default (see engine/threads.py).
+    grammar: structured-output backend choice, compile timeout and cache size.
     """
 
     model: str | None = None
@@ -34,6 +37,7 @@ class EngineConfig:
     num_threads: int | None = None
     chat_template: str | None = None
     max_waiting_requests: int = 1024
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):

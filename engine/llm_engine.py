@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +22,7 @@ from engine.sampler import Sampler
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FINISH_REASONS, Sequence, SeqStatus
 from engine.stats import EngineStats
+from engine.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,7 @@ class RequestState:
     seqs: list[Sequence]
     detokenizers: list[IncrementalDetokenizer]
     pending: dict[int, CompletionDelta] = field(default_factory=dict)
+    grammar_future: Future[Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -46,7 +50,8 @@ class LLMEngine:
     """
 
     def __init__(self, config: EngineConfig, model: Any, arch: Any, tokenizer: Any,
-                 device: torch.device, dtype: torch.dtype, max_model_len: int) -> None:
+                 device: torch.device, dtype: torch.dtype, max_model_len: int,
+                 on_grammar_ready: Callable[[], None] | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.arch = arch
@@ -59,6 +64,10 @@ class LLMEngine:
         self.eos_token_ids: tuple[int, ...] = tuple(arch.eos_token_ids)
         self.sampler = Sampler(arch.vocab_size, self.eos_token_ids, config.seed)
         self.requests: dict[str, RequestState] = {}
+        self.structured = StructuredOutputManager(tokenizer, arch.vocab_size, self.eos_token_ids,
+                                                  config.max_num_seqs, config.grammar, on_grammar_ready)
+        self._compiling: list[RequestState] = []
+        self.last_step_scheduled = False
         self._seq_ids = itertools.count()
         self.num_generation_tokens = 0
         self.num_prompt_tokens = 0
@@ -101,7 +110,13 @@ class LLMEngine:
             seqs.append(seq)
             detoks.append(IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
                                                  params.skip_special_tokens))
-        self.requests[request.request_id] = RequestState(request, seqs, detoks)
+        state = RequestState(request, seqs, detoks)
+        self.requests[request.request_id] = state
+        if request.grammar_spec is not None:
+            state.grammar_future = self.structured.submit(request.grammar_spec)
+            self._compiling.append(state)
+            for seq in seqs:
+                seq.status = SeqStatus.WAITING_FOR_GRAMMAR
         for seq in seqs:
             self.scheduler.add(seq)
         self.num_prompt_tokens += len(request.prompt_token_ids)
@@ -135,24 +150,69 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Run one schedule + forward + sample round; returns outputs of requests that advanced."""
+        outputs = self._poll_grammars()
         sched = self.scheduler.schedule()
+        self.last_step_scheduled = bool(sched.scheduled)
         if not sched.scheduled:
-            return []
+            return outputs
         sampling = [item.seq for item in sched.scheduled if item.samples]
+        fill = self.structured.start_fill(sampling)      # runs while the forward runs
         logits = self.runner.execute(sched)
         self.scheduler.update_after_step(sched)
         touched: dict[str, RequestState] = {}
         if sampling:
-            result = self.sampler.sample(logits, sampling)
+            bitmask = fill.result() if fill is not None else None
+            result = self.sampler.sample(logits, sampling, bitmask)
             for seq, token_id, logprob in zip(sampling, result.token_ids, result.logprobs):
                 state = self.requests[seq.request_id]
-                self._append_token(state, seq, token_id, logprob)
+                finished = self._append_token(state, seq, token_id, logprob)
+                if not finished and seq.matcher is not None and seq.sampling_params.logprobs is None:
+                    self._fast_forward(state, seq)
                 touched[seq.request_id] = state
         self.num_generation_tokens += len(sampling)
-        return [self._make_output(state) for state in touched.values()]
+        return outputs + [self._make_output(state) for state in touched.values()]
 
-    def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprob: Any) -> None:
+    def _poll_grammars(self) -> list[RequestOutput]:
+        """Give matchers to requests whose grammar compiled; fail those whose compile failed."""
+        outputs: list[RequestOutput] = []
+        still: list[RequestState] = []
+        for state in self._compiling:
+            future = state.grammar_future
+            assert future is not None
+            if state.request.request_id not in self.requests:
+                continue                       # aborted while compiling
+            if not future.done():
+                still.append(state)
+                continue
+            error = future.exception()
+            if error is not None:
+                out = self.abort_request(state.request.request_id)
+                if out is not None:
+                    out.error = error
+                    outputs.append(out)
+                continue
+            compiled = future.result()
+            for seq in state.seqs:
+                seq.matcher = self.structured.new_matcher(compiled)
+                if seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
+                    seq.status = SeqStatus.WAITING
+        self._compiling = still
+        return outputs
+
+    def _fast_forward(self, state: RequestState, seq: Sequence) -> None:
+        """Append the tokens the grammar forces next without sampling them (jump-forward); their
+        K/V is computed in the next step as a short prefill. Counts them as forced tokens."""
+        forced = seq.matcher.forced_tokens()
+        for token_id in forced:
+            self.structured.num_forced_tokens += 1
+            if self._append_token(state, seq, token_id, None):
+                return
+
+    def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprob: Any) -> bool:
+        """Append one token, advance the matcher, detokenize, check stops; True when finished."""
         params = seq.sampling_params
+        if seq.matcher is not None and not seq.matcher.accept([token_id]):
+            logger.error("request %s: grammar rejected sampled token %d", seq.request_id, token_id)
         seq.token_ids.append(token_id)
         detok = state.detokenizers[seq.index]
         text, stop_str = detok.add_tokens([token_id])
@@ -176,6 +236,7 @@ class LLMEngine:
             delta.finish_reason = FINISH_REASONS[status]
             delta.stop_reason = seq.stop_reason
         delta.text += text
+        return status is not None
 
     def _make_output(self, state: RequestState) -> RequestOutput:
         deltas = [state.pending[i] for i in sorted(state.pending)]
