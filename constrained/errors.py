@@ -1,0 +1,36 @@
+"""Exceptions of the grammar layer; `api/errors.py` maps each type to an HTTP status."""
+
+from __future__ import annotations
+
+
+class GrammarError(Exception):
+    """Base of every error raised by `constrained/`.
+
+    `message` is safe to show to a client; `param` names the request field at fault
+    (the grammar kind, e.g. "json_schema", or "backend"), or None.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidGrammar(GrammarError):
+    """The spec cannot be compiled: bad source text or a feature no chosen backend supports.
+
+    The message names the backend(s) and the failing feature, e.g.
+    "guidance cannot compile json_schema: Unimplemented keys: [\"if\"]".
+    """
+
+
+class UnknownGrammarBackend(InvalidGrammar):
+    """A backend name that is not in `constrained.registry.GRAMMAR_BACKENDS`; the message lists the names."""
+
+
+class GrammarCompileTimeout(GrammarError):
+    """A compile ran longer than `GrammarConfig.compile_timeout_s` seconds."""
+
+
+class GrammarConfigError(GrammarError):
+    """A `GrammarConfig` or `VocabInfo` built with invalid values (a server setup error, not a client one)."""

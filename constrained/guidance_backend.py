@@ -1,0 +1,228 @@
+"""GrammarBackend over llguidance: the only module that imports llguidance."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import torch
+
+from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
+from constrained.bitmask import allow_only, check_bitmask
+from constrained.errors import InvalidGrammar
+from constrained.source import load_choices, load_schema
+from constrained.spec import GrammarKind, GrammarSpec
+from constrained.structural_tag import StructuralTagGrammar, parse_structural_tag
+from constrained.vocab import VocabInfo
+
+logger = logging.getLogger(__name__)
+_MAX_MESSAGE_CHARS = 500
+_TEXT_RULE = "TAG_TEXT: /(.|\\n)*/"
+
+
+def _library_message(text: str) -> str:
+    """llguidance's error text on one line, without the parser-state dump, bounded length."""
+    text = text.split("<state>")[0]
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())[:_MAX_MESSAGE_CHARS]
+
+
+def _lark_literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+class GuidanceBackend(GrammarBackend):
+    """llguidance adapter: Lark (and GBNF/EBNF converted to Lark), JSON schema, regex, choice,
+    structural tags. Construction reads the tokenizer (~1 s). `compile` is thread-safe.
+
+    The compiled artefact is a template `LLMatcher` that never consumes tokens; matchers are deep copies.
+    """
+
+    name = "guidance"
+
+    def __init__(self, vocab_info: VocabInfo) -> None:
+        super().__init__(vocab_info)
+        self._tokenizer = llguidance.hf.from_tokenizer(
+            vocab_info.tokenizer, n_vocab=vocab_info.vocab_size, eos_token=list(vocab_info.eos_token_ids)
+        )
+        self._executor = llguidance.LLExecutor()
+        self._builders: dict[GrammarKind, Callable[[GrammarSpec], str]] = {
+            GrammarKind.JSON_SCHEMA: self._json_grammar,
+            GrammarKind.JSON_OBJECT: self._json_grammar,
+            GrammarKind.REGEX: lambda spec: llguidance.LLMatcher.grammar_from_regex(spec.source),
+            GrammarKind.CHOICE: self._choice_grammar,
+            GrammarKind.GRAMMAR: lambda spec: llguidance.grammar_from("grammar", spec.source),
+            GrammarKind.STRUCTURAL_TAG: self._structural_tag_grammar,
+        }
+
+    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        """Compile `spec` with llguidance. Raises InvalidGrammar("guidance cannot compile <kind>: ...")."""
+        start = time.perf_counter()
+        try:
+            grammar = self._builders[spec.kind](spec)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidGrammar(
+                f"guidance cannot compile {spec.kind.value}: {_library_message(str(exc))}", param=spec.kind.value
+            ) from exc
+        template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise InvalidGrammar(
+                f"guidance cannot compile {spec.kind.value}: {_library_message(template.get_error())}",
+                param=spec.kind.value,
+            )
+        return CompiledGrammar(self.name, spec, template, time.perf_counter() - start)
+
+    def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
+        """A fresh GuidanceMatcher (deep copy of the template). Raises ValueError for another backend's grammar."""
+        self._check_compiled(compiled)
+        return GuidanceMatcher(compiled.artefact.deep_copy(), self.vocab_info)
+
+    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
+        """Fill rows for many GuidanceMatchers in parallel (llguidance's executor, GIL released).
+
+        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; raises ValueError otherwise.
+        """
+        live: list[tuple[Any, int]] = []
+        for matcher, row in matchers:
+            assert isinstance(matcher, GuidanceMatcher)
+            check_bitmask(bitmask, row, self.vocab_info.vocab_size)
+            if matcher.only_eos_left():
+                allow_only(bitmask, row, self.vocab_info.eos_token_ids)
+            else:
+                live.append((matcher.ll_matcher, row))
+        if live:
+            llguidance.torch.fill_next_token_bitmask_par(self._executor, live, bitmask)
+
+    def _json_options(self, spec: GrammarSpec) -> Any:  # llguidance's JsonCompileOptions TypedDict
+        return {"whitespace_flexible": spec.any_whitespace}
+
+    def _json_grammar(self, spec: GrammarSpec) -> str:
+        schema = json.dumps(load_schema(spec), ensure_ascii=False)
+        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=self._json_options(spec))
+
+    def _choice_grammar(self, spec: GrammarSpec) -> str:
+        choices = load_choices(spec)
+        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_literal(c) for c in choices))
+
+    def _structural_tag_grammar(self, spec: GrammarSpec) -> str:
+        """Lark: free text, then any number of `trigger rest-of-begin %json{schema} end` segments.
+
+        A trigger that is a special token of the tokenizer is matched as that token, otherwise
+        as lazy text (the segment starts at the first occurrence of the trigger).
+        """
+        parsed: StructuralTagGrammar = parse_structural_tag(spec)
+        names = [f"tag_{i}" for i in range(len(parsed.tags))]
+        lines = ["%llguidance {}", f"start: ({' | '.join(names)})* tag_end", "tag_end: TAG_TEXT", _TEXT_RULE]
+        for name, tag in zip(names, parsed.tags):
+            trigger = parsed.trigger_of(tag)
+            schema: Any = tag.schema
+            if isinstance(schema, dict):
+                schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **self._json_options(spec)}}
+            rest = tag.begin[len(trigger):]
+            body = " ".join(x for x in (_lark_literal(rest) if rest else "",
+                                        "%json " + json.dumps(schema, ensure_ascii=False),
+                                        _lark_literal(tag.end) if tag.end else "") if x)
+            if trigger in self.vocab_info.special_token_texts and trigger.startswith("<") and trigger.endswith(">"):
+                lines.append(f"{name}: TAG_TEXT {trigger} {body}")
+            else:
+                lines.append(f"{name}_trig[lazy]: TAG_TEXT {_lark_literal(trigger)}")
+                lines.append(f"{name}: {name}_trig {body}")
+        return llguidance.LLMatcher.grammar_from_lark("\n".join(lines) + "\n")
+
+
+class GuidanceMatcher(Matcher):
+    """Matcher over one `llguidance.LLMatcher`; see `Matcher` for the contract.
+
+    EOS is never fed to llguidance (which counts it inconsistently for rollback); this class
+    checks `is_accepting()` and records termination itself.
+    """
+
+    backend = "guidance"
+
+    def __init__(self, matcher: Any, vocab_info: VocabInfo) -> None:
+        self.ll_matcher = matcher
+        self._vocab_size = vocab_info.vocab_size
+        self._eos_token_ids = frozenset(vocab_info.eos_token_ids)
+        self._num_tokens = 0
+        self._terminated = False
+
+    def accept(self, token_ids: Sequence[int]) -> bool:
+        """Accept all of `token_ids` or none. Returns False on rejection, state unchanged."""
+        ids = list(token_ids)
+        if not ids:
+            return True
+        if self._terminated:
+            return False
+        ends_with_eos = ids[-1] in self._eos_token_ids
+        body = ids[:-1] if ends_with_eos else ids
+        if any(t in self._eos_token_ids or not 0 <= t < self._vocab_size for t in body):
+            return False
+        if body:
+            consumed = self.ll_matcher.try_consume_tokens(body)
+            if consumed < len(body):
+                if consumed:
+                    self.ll_matcher.rollback(consumed)
+                return False
+        if ends_with_eos:
+            if not self.ll_matcher.is_accepting():
+                if body:
+                    self.ll_matcher.rollback(len(body))
+                return False
+            self._terminated = True
+        self._num_tokens += len(ids)
+        return True
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`)."""
+        check_bitmask(bitmask, row, self._vocab_size)
+        if self.only_eos_left():
+            allow_only(bitmask, row, self._eos_token_ids)
+        else:
+            llguidance.torch.fill_next_token_bitmask(self.ll_matcher, bitmask, row)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` tokens (EOS included). Raises ValueError beyond what was accepted."""
+        if not 0 <= num_tokens <= self._num_tokens:
+            raise ValueError(f"cannot roll back {num_tokens} of {self._num_tokens} accepted tokens")
+        real = num_tokens
+        if self._terminated and num_tokens:
+            self._terminated = False
+            real -= 1
+        if real:
+            self.ll_matcher.rollback(real)
+        self._num_tokens -= num_tokens
+
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted."""
+        return self._terminated
+
+    def only_eos_left(self) -> bool:
+        """True when the bitmask must allow only EOS: terminated, or llguidance hit an internal limit
+        (its error state; logged) so that the sequence ends instead of sampling from an empty mask."""
+        if self._terminated:
+            return True
+        if self.ll_matcher.is_error():
+            logger.warning("llguidance matcher failed: %s", _library_message(self.ll_matcher.get_error()))
+            return True
+        return False
+
+    def is_accepting(self) -> bool:
+        """True when EOS is allowed now (complete match, not yet terminated)."""
+        return not self._terminated and bool(self.ll_matcher.is_accepting())
+
+    def forced_tokens(self) -> list[int]:
+        """Fast-forward token ids (llguidance's compute_ff_tokens); [] when terminated."""
+        if self._terminated:
+            return []
+        return [int(t) for t in self.ll_matcher.compute_ff_tokens()]
+
+    def reset(self) -> None:
+        """Back to the initial state."""
+        self.ll_matcher.reset()
+        self._num_tokens = 0
+        self._terminated = False

