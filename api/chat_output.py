@@ -18,19 +18,24 @@ from api.protocol.chat_response import (
 from api.protocol.common import Usage
 from api.protocol.logprobs import ChoiceLogprobs
 from api.response_meta import ResponseMeta
-from engine.request import RequestOutput, TokenLogprob
+from api.tool_calls import finish_reason_with_calls, split_tool_calls
+from api.tool_choice import ToolCalling
+from api.tool_stream import ToolCallStream
+from engine.request import CompletionDelta, RequestOutput, TokenLogprob
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
 
 
 @dataclass(frozen=True, slots=True)
 class ChatOutputOptions:
-    """`n` choices; logprobs wanted; usage chunk at the end; running usage on every chunk."""
+    """`n` choices; logprobs wanted; usage chunk at the end; running usage on every chunk;
+    `tool_calling`: parse each choice's text into content and tool calls (None: all content)."""
 
     n: int = 1
     logprobs: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
+    tool_calling: ToolCalling | None = None
 
 
 def usage_of(out: RequestOutput) -> Usage:
@@ -45,7 +50,8 @@ async def chat_chunks(
 
     Per choice: a first chunk with role "assistant" and content "", one chunk per non-empty text
     delta, then a chunk with an empty delta and the finish_reason. With include_usage, one last
-    chunk with `choices: []` and the totals.
+    chunk with `choices: []` and the totals. With tool calling, text deltas go through one
+    `ToolCallStream` per choice (content and tool-call deltas; finish_reason "tool_calls" after calls).
     """
 
     def chunk(
@@ -64,21 +70,38 @@ async def chat_chunks(
 
     for index in range(options.n):
         yield chunk(index, DeltaMessage(role="assistant", content=""))
+    tool_calling = options.tool_calling
+    streams = [ToolCallStream(tool_calling.new_parser()) for _ in range(options.n)] if tool_calling else None
     last: RequestOutput | None = None
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for _, out in outputs:
             running = usage_of(out) if options.continuous_usage else None
             for delta in out.deltas:
                 logprobs = fmt.chat(delta.logprobs) if options.logprobs else None
-                if delta.text or (logprobs is not None and logprobs.content):
-                    yield chunk(delta.index, DeltaMessage(content=delta.text), logprobs, usage=running)
+                stream = streams[delta.index] if streams is not None else None
+                for i, message in enumerate(_delta_messages(stream, delta, logprobs)):
+                    yield chunk(delta.index, message, logprobs if i == 0 else None, usage=running)
                 if delta.finish_reason is not None:
-                    yield chunk(delta.index, DeltaMessage(), finish_reason=delta.finish_reason, usage=running)
+                    reason = stream.finish_reason(delta.finish_reason) if stream else delta.finish_reason
+                    yield chunk(delta.index, DeltaMessage(), finish_reason=reason, usage=running)
             last = out
     if options.include_usage and last is not None:
         yield ChatCompletionChunk(
             id=meta.id, created=meta.created, model=meta.model, choices=[], usage=usage_of(last)
         )
+
+
+def _delta_messages(
+    stream: ToolCallStream | None, delta: CompletionDelta, logprobs: ChoiceLogprobs | None
+) -> list[DeltaMessage]:
+    """The deltas to send for one engine delta (one carrying only logprobs when the text is held)."""
+    if stream is not None:
+        messages = stream.deltas(delta.text, final=delta.finish_reason is not None)
+    else:
+        messages = [DeltaMessage(content=delta.text)] if delta.text else []
+    if not messages and logprobs is not None and logprobs.content:
+        messages = [DeltaMessage(content="")]
+    return messages
 
 
 async def chat_completion(
@@ -98,14 +121,23 @@ async def chat_completion(
             last = out
     assert last is not None, "a started stream has at least one output"
     choices = [
-        ChatCompletionChoice(
-            index=i,
-            message=ChatCompletionMessage(content="".join(texts[i])),
-            logprobs=fmt.chat(logprobs[i]) if options.logprobs else None,
-            finish_reason=finish_reasons[i],
-        )
-        for i in range(options.n)
+        _whole_choice(i, "".join(texts[i]), finish_reasons[i], options.tool_calling) for i in range(options.n)
     ]
+    if options.logprobs:
+        choices = [c.model_copy(update={"logprobs": fmt.chat(logprobs[c.index])}) for c in choices]
     return ChatCompletion(
         id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage_of(last)
     )
+
+
+def _whole_choice(
+    index: int, text: str, finish_reason: str | None, tool_calling: ToolCalling | None
+) -> ChatCompletionChoice:
+    """One choice of a whole answer; with tool calling, `text` split into content and tool calls."""
+    if tool_calling is None:
+        message = ChatCompletionMessage(content=text)
+    else:
+        content, calls = split_tool_calls(tool_calling.new_parser(), text)
+        message = ChatCompletionMessage(content=content, tool_calls=calls or None)
+        finish_reason = finish_reason_with_calls(finish_reason, bool(calls))
+    return ChatCompletionChoice(index=index, message=message, finish_reason=finish_reason)

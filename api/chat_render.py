@@ -14,6 +14,7 @@ from typing import Any
 
 import jinja2
 
+from api.chat_template_select import conversation_uses_tools, pick_chat_template
 from api.errors import InvalidRequest
 from api.protocol.messages import (
     AssistantMessage,
@@ -52,19 +53,24 @@ class ChatPrompt:
 @dataclass(frozen=True, slots=True)
 class RenderOptions:
     """How to render: generation prompt or continuation of the last assistant message, extra
-    template variables, the template override, and whether to add special tokens when encoding."""
+    template variables, the template override, whether to add special tokens when encoding, and
+    the tool-call format whose shipped template renders tools the tokenizer's template ignores."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None
     add_special_tokens: bool = False
+    tool_call_parser: str | None = None
 
 
 async def render_chat_prompt(
     tokenizer: Any, messages: Sequence[ChatMessage], tools: Sequence[Tool] | None, options: RenderOptions
 ) -> ChatPrompt:
     """Render `messages` (and `tools`) with the chat template and encode the text, off the event loop.
+
+    The template is chosen by `api/chat_template_select.py` (override, the tokenizer's own, or the
+    shipped tool template when tools are involved and the tokenizer's template ignores them).
 
     Raises InvalidRequest when there is no template, the options conflict, or the template rejects
     the conversation (e.g. roles that do not alternate).
@@ -83,7 +89,10 @@ async def render_chat_prompt(
         )
     conversation = [message_to_template_dict(m) for m in messages]
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
-    return await asyncio.to_thread(_render_and_encode, tokenizer, conversation, tool_dicts, options)
+    uses_tools = bool(tools) or conversation_uses_tools(messages)
+    return await asyncio.to_thread(
+        _render_and_encode, tokenizer, conversation, tool_dicts, uses_tools, options
+    )
 
 
 def message_to_template_dict(message: ChatMessage) -> dict[str, Any]:
@@ -132,8 +141,12 @@ def _render_and_encode(
     tokenizer: Any,
     conversation: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
+    uses_tools: bool,
     options: RenderOptions,
 ) -> ChatPrompt:
+    template = pick_chat_template(
+        getattr(tokenizer, "chat_template", None), options.chat_template, uses_tools, options.tool_call_parser
+    )
     extra = {
         k: v for k, v in (options.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_KWARGS
     }
@@ -141,7 +154,7 @@ def _render_and_encode(
         text = tokenizer.apply_chat_template(
             conversation,
             tools=tools,
-            chat_template=options.chat_template,
+            chat_template=template,
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
             tokenize=False,

@@ -16,6 +16,8 @@ from pathlib import Path
 from api.config import ServerConfig
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
 from engine.errors import EngineError
+from toolparsers import TOOL_PARSERS
+from toolparsers.templates import template_path
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--chat-template", default=None, help="path to a Jinja chat template, or the template itself"
     )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=sorted(TOOL_PARSERS),
+        default="hermes",
+        help="tool-call format of the model (vLLM's names); parses calls and builds their grammar",
+    )
+    serve.add_argument(
+        "--enable-auto-tool-choice",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='allow tool_choice "auto" (on by default, unlike vLLM: auto calls are grammar-constrained)',
+    )
+    serve.add_argument(
+        "--constrain-auto-tools",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help='constrain tool_choice "auto" calls to the tools\' schemas; --no-constrain-auto-tools only parses',
+    )
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: measured)")
     serve.add_argument(
         "--max-waiting-requests", type=int, default=1024, help="queued requests beyond which new ones get 429"
@@ -100,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_chat_template(value: str | None) -> str | None:
-    """The template text: the file's contents when `value` names an existing file, else `value`
+    """The template text: the file's contents when `value` names an existing file, a shipped
+    template's (`toolparsers/templates`, e.g. "hermes_tools") when it names one, else `value`
     itself when it looks like a Jinja template; raises ValueError otherwise."""
     if value is None:
         return None
@@ -111,7 +132,10 @@ def read_chat_template(value: str | None) -> str | None:
     except OSError:  # e.g. an inline template too long to be a file name
         pass
     if "{" not in value:
-        raise ValueError(f"--chat-template: no such file: {value}")
+        try:
+            return template_path(value).read_text(encoding="utf-8")
+        except FileNotFoundError as exc:
+            raise ValueError(f"--chat-template: no such file: {value} ({exc})") from None
     return value
 
 
@@ -142,6 +166,9 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         served_model_names=names,
         chat_template=chat_template,
         log_level=args.log_level,
+        tool_call_parser=args.tool_call_parser,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        constrain_auto_tools=args.constrain_auto_tools,
     )
     return engine_config, server_config
 

@@ -16,6 +16,11 @@ class ServerConfig:
     api_key: when set, /v1/* needs `Authorization: Bearer <api_key>`.
     chat_template: template text that replaces the tokenizer's own (the CLI reads a path into text).
     sse_ping_interval_s: seconds between SSE keep-alive comments (`: ping`); 0 disables them.
+    tool_call_parser: the tool-call format of the served model (a `toolparsers.TOOL_PARSERS` name).
+    enable_auto_tool_choice: allow tool_choice "auto" (the default whenever a request has tools);
+        False answers it with 400, as vLLM does without --enable-auto-tool-choice.
+    constrain_auto_tools: with tool_choice "auto", constrain calls (once the format's start marker
+        appears) to the tools' names and schemas; False only parses what the model writes.
     """
 
     host: str = "127.0.0.1"
@@ -26,3 +31,6 @@ class ServerConfig:
     chat_template: str | None = None
     log_level: str = "info"
     sse_ping_interval_s: float = 15.0
+    tool_call_parser: str = "hermes"
+    enable_auto_tool_choice: bool = True
+    constrain_auto_tools: bool = True

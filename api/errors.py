@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.protocol.common import ErrorInfo, ErrorResponse
+from constrained.errors import GrammarCompileTimeout, GrammarError, InvalidGrammar
 from engine.errors import (
     ContextLengthExceeded,
     EngineDeadError,
@@ -25,6 +26,7 @@ from engine.errors import (
     InvalidSamplingParams,
     ModelLoadError,
 )
+from toolparsers.errors import ToolParserError
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,9 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     NotSupported: (400, "invalid_request_error", "not_supported"),
     InvalidSamplingParams: (400, "invalid_request_error", None),
     ContextLengthExceeded: (400, "invalid_request_error", "context_length_exceeded"),
+    InvalidGrammar: (400, "invalid_request_error", "invalid_grammar"),
+    GrammarCompileTimeout: (400, "invalid_request_error", "grammar_compile_timeout"),
+    ToolParserError: (400, "invalid_request_error", None),
     AuthenticationFailed: (401, "invalid_request_error", "invalid_api_key"),
     ModelNotFound: (404, "invalid_request_error", "model_not_found"),
     EngineOverloaded: (429, "rate_limit_error", "overloaded"),
@@ -76,9 +81,12 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     EngineStepError: (500, "server_error", "engine_step_failed"),
     ModelLoadError: (500, "server_error", None),
     EngineError: (500, "server_error", None),
+    GrammarError: (500, "server_error", None),  # GrammarConfigError: a server setup fault
     RequestAborted: (503, "server_error", "request_aborted"),
 }
 _INTERNAL: tuple[int, str, str | None] = (500, "server_error", None)
+# Exceptions whose `message` and `param` are written for clients.
+_CLIENT_SAFE = (ApiError, EngineError, GrammarError, ToolParserError)
 
 
 def error_status(exc: BaseException) -> tuple[int, str, str | None]:
@@ -92,7 +100,7 @@ def error_status(exc: BaseException) -> tuple[int, str, str | None]:
 def error_body(exc: BaseException) -> ErrorResponse:
     """The OpenAI error object for `exc`; unexpected exceptions get a generic message."""
     _, error_type, code = error_status(exc)
-    if isinstance(exc, (ApiError, EngineError)):
+    if isinstance(exc, _CLIENT_SAFE):
         message, param = exc.message, exc.param
     else:
         message, param = "internal server error", None
@@ -170,8 +178,8 @@ def _param_path(loc: tuple[Any, ...], data: Any) -> str | None:
         elif isinstance(key, str) and (data is None or (isinstance(current, dict) and key in current)):
             parts.append(f".{key}" if parts else key)
             current = current.get(key) if isinstance(current, dict) else None
-        elif isinstance(key, str) and i == len(loc) - 1 and isinstance(current, dict):
-            parts.append(f".{key}" if parts else key)  # a missing field
+        elif isinstance(key, str) and i == len(loc) - 1 and isinstance(current, dict) and "[" not in key:
+            parts.append(f".{key}" if parts else key)  # a missing field ("literal[...]" is a union tag)
         # anything else is a union member tag ('str', 'list[int]', 'user'), not part of the path
     return "".join(parts) or None
 
@@ -182,5 +190,7 @@ def install_error_handlers(app: FastAPI) -> None:
     by `api/middleware.py`, which also keeps the x-request-id header on them."""
     app.add_exception_handler(ApiError, _handle_known)
     app.add_exception_handler(EngineError, _handle_known)
+    app.add_exception_handler(GrammarError, _handle_known)
+    app.add_exception_handler(ToolParserError, _handle_known)
     app.add_exception_handler(StarletteHTTPException, _handle_http)
     app.add_exception_handler(RequestValidationError, _handle_validation)

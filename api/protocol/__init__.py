@@ -33,6 +33,7 @@ from api.protocol.messages import (
     UserMessage,
 )
 from api.protocol.models import ModelCard, ModelList
+from api.protocol.structured_outputs import StructuredOutputs
 from api.protocol.tokenization import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "ResponseFormatJsonSchema",
     "ResponseFormatText",
     "StreamOptions",
+    "StructuredOutputs",
     "SystemMessage",
     "TokenizeRequest",
     "TokenizeResponse",

@@ -19,9 +19,9 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions.
 
     Accepted and ignored (no effect on a self-hosted text model): metadata, store, service_tier,
-    reasoning_effort, verbosity, prediction, prompt_cache_*, safety_identifier, moderation,
-    parallel_tool_calls (until tool calls are wired). Rejected with a plain 400: audio output,
-    web_search_options, the deprecated functions/function_call.
+    reasoning_effort, verbosity, prediction, prompt_cache_*, safety_identifier, moderation.
+    Rejected with a plain 400: audio output, web_search_options, the deprecated
+    functions/function_call. tools, tool_choice and parallel_tool_calls: see `api/tool_choice.py`.
     """
 
     messages: list[ChatMessage] = Field(min_length=1)

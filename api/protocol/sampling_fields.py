@@ -6,13 +6,12 @@ Every field is optional and nullable; null means the default, resolved in
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import RequestModel, StreamOptions
 from api.protocol.messages import ResponseFormat
+from api.protocol.structured_outputs import StructuredOutputs
 
 
 class SamplingFields(RequestModel):
@@ -42,7 +41,7 @@ class SamplingFields(RequestModel):
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     add_special_tokens: bool | None = None
-    structured_outputs: dict[str, Any] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("logit_bias")
     @classmethod

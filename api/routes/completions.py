@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from functools import partial
 
@@ -13,7 +14,7 @@ from api.completion_output import CompletionOutputOptions, completion, completio
 from api.completion_prompts import tokenize_prompts
 from api.context import Context
 from api.errors import InvalidRequest, NotSupported
-from api.grammar_from_request import grammar_spec_for_completion
+from api.grammar_from_request import grammar_errors_name, grammar_spec_for_completion
 from api.logprobs_output import LogprobFormatter
 from api.protocol.completion_request import CompletionRequest
 from api.request_body import read_body
@@ -31,7 +32,7 @@ async def create_completion(request: Request, context: Context) -> Response:
     body = await read_body(request, CompletionRequest)
     model = context.resolve_model(body.model)
     _check_best_of_and_echo(body)
-    grammar_spec = grammar_spec_for_completion(body)
+    grammar = await asyncio.to_thread(grammar_spec_for_completion, body)
     engine = context.engine
     prompts = await tokenize_prompts(
         engine.tokenizer,
@@ -54,7 +55,12 @@ async def create_completion(request: Request, context: Context) -> Response:
         request_id = meta.id if len(prompts) == 1 else f"{meta.id}-{i}"
         engine_requests.append(
             EngineRequest(
-                request_id, prompt.token_ids, params, grammar_spec, model.lora_name, time.monotonic()
+                request_id,
+                prompt.token_ids,
+                params,
+                grammar.spec if grammar is not None else None,
+                model.lora_name,
+                time.monotonic(),
             )
         )
     output_options = CompletionOutputOptions(
@@ -65,14 +71,15 @@ async def create_completion(request: Request, context: Context) -> Response:
         continuous_usage=body.continuous_usage(),
     )
     fmt = LogprobFormatter(engine.tokenizer)
-    return await respond(
-        request,
-        context,
-        engine_requests,
-        bool(body.stream),
-        chunks=partial(completion_chunks, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
-        whole=partial(completion, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
-    )
+    with grammar_errors_name(grammar):
+        return await respond(
+            request,
+            context,
+            engine_requests,
+            bool(body.stream),
+            chunks=partial(completion_chunks, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
+            whole=partial(completion, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
+        )
 
 
 def _check_best_of_and_echo(body: CompletionRequest) -> None:

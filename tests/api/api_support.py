@@ -4,8 +4,9 @@ AsyncEngine's interface, and SSE parsing helpers. (Named uniquely: tests/ has no
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -70,7 +71,11 @@ class FakeTokenizer:
         **kwargs: Any,
     ) -> str:
         assert not tokenize
-        env = ImmutableSandboxedEnvironment()
+        # like transformers: loopcontrols, and a `tojson` that returns plain (unescaped) text
+        env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(
+            value, ensure_ascii=False, indent=indent
+        )
         text = env.from_string(chat_template or self.chat_template or "").render(
             messages=conversation, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
         )
@@ -81,6 +86,10 @@ class FakeTokenizer:
 
 class FakeEngine:
     """Emits `script` (choice i > 0: `script` + " #i") one byte-token per step, cut at stop strings.
+
+    `script_for(request, index)`, when set, gives each choice's full text instead (e.g. a scripted
+    tool call). A multi-byte character's text is released with its last byte. `grammar_error`, when
+    set, is raised before the first output of every request that carries a grammar (a failed compile).
 
     Records submitted requests, abort() calls and requests whose generator was closed unfinished
     (`aborted`), like AsyncEngine, which aborts a request whose consumer stops iterating.
@@ -103,13 +112,17 @@ class FakeEngine:
         self.first_token_delay_s = first_token_delay_s
         self.healthy = True
         self.fail_after_tokens: int | None = None  # raise RuntimeError mid-stream after this many steps
+        self.script_for: Callable[[EngineRequest, int], str] | None = None
+        self.grammar_error: Exception | None = None
         self.requests: list[EngineRequest] = []
         self.aborted: list[str] = []
         self.abort_calls: list[str] = []
         self.completed: list[str] = []
 
-    def choice_text(self, index: int) -> str:
+    def choice_text(self, index: int, request: EngineRequest | None = None) -> str:
         """The full text choice `index` would produce without stop strings or max_tokens."""
+        if self.script_for is not None and request is not None:
+            return self.script_for(request, index)
         return self.script if index == 0 else f"{self.script} #{index}"
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
@@ -120,7 +133,9 @@ class FakeEngine:
                 f"fake engine: {num_prompt} + {params.max_tokens} > {self.max_model_len}"
             )
         self.requests.append(request)
-        plans = [self._plan(i, params.stop, params.max_tokens) for i in range(params.n)]
+        if self.grammar_error is not None and request.grammar_spec is not None:
+            raise self.grammar_error
+        plans = [self._plan(request, i) for i in range(params.n)]
         num_steps = max(len(ids) for ids, _, _ in plans)
         done = False
         try:
@@ -159,9 +174,10 @@ class FakeEngine:
             if not done:
                 self.aborted.append(request.request_id)
 
-    def _plan(self, index: int, stops: tuple[str, ...], max_tokens: int) -> tuple[list[int], list[str], str]:
+    def _plan(self, request: EngineRequest, index: int) -> tuple[list[int], list[str], str]:
         """(token ids, text released per token, finish reason) of one choice."""
-        text = self.choice_text(index)
+        stops, max_tokens = request.sampling_params.stop, request.sampling_params.max_tokens
+        text = self.choice_text(index, request)
         cuts = [text.index(s) for s in stops if s in text]
         if cuts:
             text = text[: min(cuts)]
@@ -171,7 +187,7 @@ class FakeEngine:
         reason = "stop"
         if len(ids) > max_tokens:
             ids, reason = ids[:max_tokens], "length"
-        return ids, [self.tokenizer.decode([t]) for t in ids], reason
+        return ids, _released_texts(self.tokenizer, ids), reason
 
     def abort(self, request_id: str) -> None:
         self.abort_calls.append(request_id)
@@ -184,6 +200,18 @@ class FakeEngine:
                            kv_cache_usage=0.25, num_blocks=100, num_free_blocks=75, prefix_cache_queries=64,
                            prefix_cache_hits=32, prompt_tokens=len(self.requests) * 10, generation_tokens=7,
                            num_preemptions=0)
+
+
+def _released_texts(tokenizer: FakeTokenizer, ids: list[int]) -> list[str]:
+    """Text released per token: UTF-8 bytes of an unfinished character wait for its last byte."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    texts = []
+    for i, t in enumerate(ids):
+        if t < 256:
+            texts.append(decoder.decode(bytes([t]), final=i == len(ids) - 1))
+        else:
+            texts.append(decoder.decode(b"", final=True) + tokenizer.decode([t]))
+    return texts
 
 
 def chat_body(**fields: Any) -> dict[str, Any]:

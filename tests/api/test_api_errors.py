@@ -129,22 +129,6 @@ async def test_malformed_response_format(
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "p", "schema": {"type": "object"}},
-                }
-            },
-            "response_format",
-        ),
-        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-        (
-            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-            "tool_choice",
-        ),
         ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
         (
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

@@ -104,6 +104,32 @@ def test_defaults_and_api_key_from_env() -> None:
     assert flagged.api_key == "f"
 
 
+def test_tool_flags() -> None:
+    _, defaults = build_configs(build_parser().parse_args(["serve"]), {})
+    assert defaults.tool_call_parser == "hermes"
+    assert defaults.enable_auto_tool_choice and defaults.constrain_auto_tools
+    _, flagged = build_configs(
+        build_parser().parse_args(
+            [
+                "serve",
+                "--tool-call-parser",
+                "mistral",
+                "--no-enable-auto-tool-choice",
+                "--no-constrain-auto-tools",
+                "--chat-template",
+                "hermes_tools",
+            ]
+        ),
+        {},
+    )
+    assert flagged.tool_call_parser == "mistral"
+    assert not flagged.enable_auto_tool_choice and not flagged.constrain_auto_tools
+    assert flagged.chat_template is not None and "<tool_call>" in flagged.chat_template
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--tool-call-parser", "nope"])
+    assert exit_info.value.code == 2
+
+
 def test_chat_template_inline_or_missing_file() -> None:
     assert read_chat_template("{% for m in messages %}{% endfor %}") == "{% for m in messages %}{% endfor %}"
     with pytest.raises(ValueError):

@@ -1,0 +1,33 @@
+"""Parser results -> the OpenAI tool-call shapes of a whole chat.completion message."""
+
+from __future__ import annotations
+
+from api.protocol.messages import FunctionCall, ToolCall
+from toolparsers import ToolCall as ParsedCall
+from toolparsers import ToolParser
+
+
+def message_tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
+    """`message.tool_calls` entries: id "call_...", type "function", name, arguments (JSON text)."""
+    return [
+        ToolCall(id=call.id, type="function", function=FunctionCall(name=call.name, arguments=call.arguments))
+        for call in calls
+    ]
+
+
+def split_tool_calls(parser: ToolParser, text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, tool_calls) of one choice's whole output text.
+
+    Content is None when calls were made and no other text was written; text that is not a
+    well-formed call stays in the content verbatim (never dropped, never an error).
+    """
+    result = parser.parse(text)
+    calls = message_tool_calls(result.tool_calls)
+    content = result.content if result.content or not calls else None
+    return content, calls
+
+
+def finish_reason_with_calls(engine_reason: str | None, made_calls: bool) -> str | None:
+    """ "tool_calls" when the choice made calls (the engine ends a forced call with "stop"), else the
+    engine's reason ("stop", "length")."""
+    return "tool_calls" if made_calls else engine_reason

@@ -1,0 +1,150 @@
+"""A chat request's tools, tool_choice and output format -> its grammar and how its output is parsed.
+
+| tool_choice | tools in the prompt | grammar | output parsed for calls |
+| --- | --- | --- | --- |
+| none (or no tools) | no | the format's, if any | no |
+| auto (default with tools) | yes | free text + calls constrained once the format's marker appears (`--no-constrain-auto-tools`: none) | yes |
+| required / named | yes | the call is forced (named: exactly that function, one call) | yes |
+
+`parallel_tool_calls: false` allows one call. With a JSON `response_format` (or structured_outputs
+json / json_object), "auto" means: either the JSON answer or tool calls (`api/tool_format_grammar.py`);
+any other format with "auto", and any format with a forced call, is a 400 conflict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from api.config import ServerConfig
+from api.errors import InvalidRequest, NotSupported
+from api.grammar_from_request import RequestGrammar, format_grammar, with_options
+from api.json_schema_check import check_json_schema
+from api.protocol.chat_request import ChatCompletionRequest
+from api.protocol.messages import NamedToolChoice, Tool
+from api.tool_format_grammar import answer_or_calls_grammar
+from engine.sampling_params import SamplingParams
+from toolparsers import ToolParser, ToolSpec, get_tool_parser
+from toolparsers.base import ToolChoice
+
+# Parsers whose call marker is a control token: the detokenizer must keep special tokens.
+_PARSERS_KEEPING_SPECIAL_TOKENS = frozenset({"mistral"})
+_TOOLS_PARAM = "tools"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCalling:
+    """How one request's output is split into content and tool calls: the parser and the tools."""
+
+    parser_class: type[ToolParser]
+    tools: tuple[ToolSpec, ...]
+
+    def new_parser(self) -> ToolParser:
+        """A fresh parser: the streaming state of one choice (or a whole-output parse)."""
+        return self.parser_class(list(self.tools))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatConstraints:
+    """What a chat request's tools and format mean for rendering, generation and the answer.
+
+    `grammar` None: free text. `tool_calling` None: the output is all content. `render_tools`:
+    pass `tools` to the chat template. `keep_special_tokens`: detokenize with special tokens.
+    """
+
+    grammar: RequestGrammar | None
+    tool_calling: ToolCalling | None = None
+    render_tools: bool = False
+    keep_special_tokens: bool = False
+
+
+def chat_constraints(request: ChatCompletionRequest, config: ServerConfig) -> ChatConstraints:
+    """Decide grammar, parsing and tool rendering for `request` (see the module table).
+
+    Raises InvalidRequest / NotSupported (400) for a tool_choice without tools, "auto" when the
+    server disables it, a forced choice with a format, a malformed tool schema, and
+    ToolParserError (400, param tool_choice) for a named function that is not in `tools`.
+    """
+    fmt = format_grammar(request)
+    choice = _effective_choice(request)
+    if choice == "none":
+        return ChatConstraints(grammar=fmt)
+    assert request.tools
+    if choice == "auto" and not config.enable_auto_tool_choice:
+        raise NotSupported(
+            'tool_choice "auto" is disabled on this server (--no-enable-auto-tool-choice); '
+            'send "required", a named function or "none"',
+            param="tool_choice",
+        )
+    parser_class = get_tool_parser(config.tool_call_parser)
+    specs = [tool_spec(tool, i) for i, tool in enumerate(request.tools)]
+    parallel = request.parallel_tool_calls is not False
+    tool_grammar = parser_class(specs).grammar_for(specs, _parser_choice(choice), parallel)
+    if tool_grammar is not None:
+        tool_grammar = with_options(tool_grammar, request.structured_outputs)
+    if choice != "auto":
+        if fmt is not None:
+            raise InvalidRequest(
+                f"{fmt.param} cannot be combined with a forced tool_choice: the call is the whole answer",
+                param=_field_of(fmt.param),
+            )
+        grammar = RequestGrammar(tool_grammar, _TOOLS_PARAM) if tool_grammar is not None else None
+    elif fmt is not None:
+        grammar = fmt
+        if config.constrain_auto_tools and tool_grammar is not None:
+            grammar = RequestGrammar(answer_or_calls_grammar(fmt, tool_grammar), fmt.param)
+    elif config.constrain_auto_tools and tool_grammar is not None:
+        grammar = RequestGrammar(tool_grammar, _TOOLS_PARAM)
+    else:
+        grammar = None
+    return ChatConstraints(
+        grammar=grammar,
+        tool_calling=ToolCalling(parser_class, tuple(specs)),
+        render_tools=True,
+        keep_special_tokens=config.tool_call_parser in _PARSERS_KEEPING_SPECIAL_TOKENS,
+    )
+
+
+def tool_spec(tool: Tool, index: int) -> ToolSpec:
+    """The parser-side ToolSpec of `tools[index]`; its parameters schema is checked (400 when malformed)."""
+    function = tool.function
+    if function.parameters is None:
+        return ToolSpec(
+            name=function.name, description=function.description or "", strict=bool(function.strict)
+        )
+    check_json_schema(function.parameters, f"tools[{index}].function.parameters")
+    return ToolSpec(
+        name=function.name,
+        description=function.description or "",
+        parameters=function.parameters,
+        strict=bool(function.strict),
+    )
+
+
+def sampling_for_tools(constraints: ChatConstraints, params: SamplingParams) -> SamplingParams:
+    """`params` with skip_special_tokens False when the tool parser needs its control-token markers."""
+    if constraints.keep_special_tokens and constraints.tool_calling is not None:
+        return dataclasses.replace(params, skip_special_tokens=False)
+    return params
+
+
+def _effective_choice(request: ChatCompletionRequest) -> str | NamedToolChoice:
+    choice = request.tool_choice
+    if choice is None:
+        return "auto" if request.tools else "none"
+    if request.tools:
+        return choice
+    if choice in ("none", "auto"):
+        return "none"
+    raise InvalidRequest("tool_choice is only allowed when tools are given", param="tool_choice")
+
+
+def _parser_choice(choice: str | NamedToolChoice) -> ToolChoice:
+    if isinstance(choice, NamedToolChoice):
+        return {"type": "function", "function": {"name": choice.function.name}}
+    return choice  # type: ignore[return-value]
+
+
+def _field_of(param: str) -> str:
+    """The top-level request field of a param path ("structured_outputs.json" -> "structured_outputs")."""
+    return param.split(".", 1)[0]

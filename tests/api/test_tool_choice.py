@@ -1,0 +1,296 @@
+"""tools + tool_choice (+ response_format) -> the grammar the engine receives, the prompt's tools and
+template, and the 400s (unknown named tool, conflicts, malformed tool schemas)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import llguidance
+import pytest
+from api_support import FakeEngine, chat_body
+
+from api.app import create_app
+from api.config import ServerConfig
+from constrained.spec import GrammarKind, GrammarSpec
+from toolparsers import ToolSpec, get_tool_parser
+
+pytestmark = pytest.mark.anyio
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "Weather", "parameters": CITY},
+}
+TIME = {"type": "function", "function": {"name": "get_time", "strict": True}}  # no parameters
+TOOLS = [WEATHER, TIME]
+SPECS = [
+    ToolSpec("get_weather", "Weather", CITY),
+    ToolSpec("get_time", strict=True),
+]
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+JSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(max_model_len=8192)  # the byte-level fake needs room for tool prompts
+
+
+@asynccontextmanager
+async def serve(engine: FakeEngine, **config: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(engine, ServerConfig(sse_ping_interval_s=0, **config))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as c:
+        yield c
+
+
+async def sent(client: httpx.AsyncClient, engine: FakeEngine, **fields: Any) -> Any:
+    response = await client.post("/v1/chat/completions", json=chat_body(**fields))
+    assert response.status_code == 200, response.text
+    return engine.requests[-1]
+
+
+def hermes(tool_choice: Any, parallel: bool = True, specs: list[ToolSpec] = SPECS) -> GrammarSpec | None:
+    return get_tool_parser("hermes")().grammar_for(specs, tool_choice, parallel)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"tools": TOOLS}, hermes("auto")),
+        ({"tools": TOOLS, "tool_choice": "auto"}, hermes("auto")),
+        ({"tools": TOOLS, "tool_choice": "required"}, hermes("required")),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False},
+            hermes("required", False),
+        ),
+        ({"tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False}, hermes("auto", False)),
+        ({"tools": TOOLS, "tool_choice": NAMED}, hermes(NAMED)),
+        ({"tools": TOOLS, "tool_choice": "none"}, None),
+        ({"tool_choice": "auto"}, None),
+        (
+            {"tools": TOOLS, "tool_choice": "none", "response_format": {"type": "json_object"}},
+            GrammarSpec(GrammarKind.JSON_OBJECT, ""),
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "text"}},
+            hermes("required"),
+        ),
+    ],
+)
+async def test_tool_choice_grammar(
+    client: httpx.AsyncClient, engine: FakeEngine, fields: dict[str, Any], expected: GrammarSpec | None
+) -> None:
+    request = await sent(client, engine, **fields)
+    assert request.grammar_spec == expected
+    assert request.sampling_params.skip_special_tokens is True
+
+
+async def test_forced_grammars_force_and_limit_calls(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    required = json.loads(
+        (await sent(client, engine, tools=TOOLS, tool_choice="required")).grammar_spec.source
+    )
+    assert required["forced"] is True and required["stop_after_first"] is False
+    assert [s["begin"] for s in required["structures"]] == [
+        '<tool_call>\n{"name": "get_weather", "arguments": ',
+        '<tool_call>\n{"name": "get_time", "arguments": ',
+    ]
+    assert required["structures"][1]["schema"] == {"type": "object", "properties": {}}  # no parameters
+    named = json.loads((await sent(client, engine, tools=TOOLS, tool_choice=NAMED)).grammar_spec.source)
+    assert named["forced"] and named["stop_after_first"] and len(named["structures"]) == 1
+    auto = json.loads((await sent(client, engine, tools=TOOLS)).grammar_spec.source)
+    assert auto["forced"] is False and auto["triggers"] == ["<tool_call>"]
+
+
+async def test_tools_rendered_unless_tool_choice_none(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    for choice, rendered in (("auto", True), ("required", True), (NAMED, True), ("none", False)):
+        request = await sent(client, engine, tools=TOOLS, tool_choice=choice)
+        prompt = engine.tokenizer.decode(request.prompt_token_ids)
+        assert ("get_weather" in prompt) is rendered, choice
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        (
+            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            None,
+        ),
+        ({"tool_choice": NAMED}, "tool_choice", None),
+        ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice.function", None),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "response_format": JSON_FORMAT},
+            "response_format",
+            None,
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}},
+            "response_format",
+            None,
+        ),
+        (
+            {"tools": TOOLS, "tool_choice": "required", "structured_outputs": {"regex": "a"}},
+            "structured_outputs",
+            None,
+        ),
+        ({"tools": TOOLS, "structured_outputs": {"regex": "a"}}, "structured_outputs", None),
+        ({"tools": TOOLS, "structured_outputs": {"choice": ["a"]}}, "structured_outputs", None),
+        (
+            {"tools": TOOLS, "response_format": JSON_FORMAT, "structured_outputs": {"backend": "xgrammar"}},
+            "structured_outputs.backend",
+            None,
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]},
+            "tools[0].function.parameters",
+            None,
+        ),
+        (
+            {
+                "tools": [
+                    WEATHER,
+                    {"type": "function", "function": {"name": "f", "parameters": {"required": 1}}},
+                ]
+            },
+            "tools[1].function.parameters",
+            None,
+        ),
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name", None),
+        ({"tools": [{"type": "function"}]}, "tools[0].function", None),
+    ],
+)
+async def test_tool_errors(
+    client: httpx.AsyncClient, engine: FakeEngine, fields: dict[str, Any], param: str, code: str | None
+) -> None:
+    response = await client.post("/v1/chat/completions", json=chat_body(**fields))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["code"] == code and error["type"] == "invalid_request_error"
+    assert engine.requests == []
+
+
+async def test_unknown_named_tool_message_lists_tools(client: httpx.AsyncClient) -> None:
+    choice = {"type": "function", "function": {"name": "nope"}}
+    response = await client.post("/v1/chat/completions", json=chat_body(tools=TOOLS, tool_choice=choice))
+    assert (
+        "nope" in response.json()["error"]["message"] and "get_weather" in response.json()["error"]["message"]
+    )
+
+
+async def test_auto_with_json_format_allows_answer_or_calls(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    spec = (await sent(client, engine, tools=TOOLS, response_format=JSON_FORMAT)).grammar_spec
+    assert spec.kind == GrammarKind.GRAMMAR and spec.backend == "guidance"
+    assert spec.source.startswith("start: answer | calls\n")
+    assert '"<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": "' in spec.source
+    assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", spec.source)) == ""
+    one = (
+        await sent(
+            client,
+            engine,
+            tools=TOOLS,
+            parallel_tool_calls=False,
+            structured_outputs={"json_object": True, "disable_any_whitespace": True},
+        )
+    ).grammar_spec
+    assert "calls: call\n" in one.source and '"whitespace_flexible": false' in one.source
+    assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", one.source)) == ""
+
+
+async def test_auto_with_json_format_in_a_format_without_json_tags_is_refused(engine: FakeEngine) -> None:
+    async with serve(engine, tool_call_parser="pythonic") as client:
+        response = await client.post(
+            "/v1/chat/completions", json=chat_body(tools=TOOLS, response_format=JSON_FORMAT)
+        )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "response_format"
+    assert response.json()["error"]["code"] == "not_supported"
+
+
+async def test_server_flags(engine: FakeEngine) -> None:
+    async with serve(engine, constrain_auto_tools=False) as client:
+        assert (await sent(client, engine, tools=TOOLS)).grammar_spec is None
+        assert (await sent(client, engine, tools=TOOLS, response_format=JSON_FORMAT)).grammar_spec.kind == (
+            GrammarKind.JSON_SCHEMA
+        )
+        assert (await sent(client, engine, tools=TOOLS, tool_choice="required")).grammar_spec == hermes(
+            "required"
+        )
+        engine.script = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+        response = await client.post("/v1/chat/completions", json=chat_body(tools=TOOLS))
+        assert response.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time"
+    async with serve(engine, enable_auto_tool_choice=False) as client:
+        response = await client.post("/v1/chat/completions", json=chat_body(tools=TOOLS))
+        assert response.status_code == 400 and response.json()["error"]["param"] == "tool_choice"
+        assert (await sent(client, engine, tools=TOOLS, tool_choice=NAMED)).grammar_spec == hermes(NAMED)
+        assert (await sent(client, engine, tools=TOOLS, tool_choice="none")).grammar_spec is None
+
+
+async def test_mistral_keeps_special_tokens(engine: FakeEngine) -> None:
+    async with serve(engine, tool_call_parser="mistral") as client:
+        request = await sent(client, engine, tools=TOOLS, tool_choice="required")
+        assert request.sampling_params.skip_special_tokens is False
+        assert request.grammar_spec == get_tool_parser("mistral")().grammar_for(SPECS, "required", True)
+        assert (
+            await sent(client, engine, tools=TOOLS, tool_choice="none")
+        ).sampling_params.skip_special_tokens
+
+
+async def test_structured_outputs_options_apply_to_tool_grammar(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    fields = {"tools": TOOLS, "tool_choice": "required", "structured_outputs": {"backend": "guidance"}}
+    assert (await sent(client, engine, **fields)).grammar_spec.backend == "guidance"
+
+
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+
+
+async def test_template_selection(engine: FakeEngine) -> None:
+    engine.tokenizer.chat_template = (  # like SmolLM2's: never reads `tools`
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    async with serve(engine) as client:
+        with_tools = engine.tokenizer.decode((await sent(client, engine, tools=TOOLS)).prompt_token_ids)
+        assert "<tools>\n" in with_tools and '"name": "get_weather"' in with_tools
+        assert "<tool_call></tool_call>" in with_tools
+        plain = engine.tokenizer.decode((await sent(client, engine)).prompt_token_ids)
+        assert plain == "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+        # tool history needs the tool template even when no tools are offered any more
+        history = engine.tokenizer.decode(
+            (await sent(client, engine, messages=HISTORY, tools=TOOLS, tool_choice="none")).prompt_token_ids
+        )
+        assert "<tools>" not in history
+        assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in history
+        assert "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>" in history
+    async with serve(engine, chat_template="[{{ messages | length }}{{ tools | length }}]") as client:
+        assert engine.tokenizer.decode((await sent(client, engine, tools=TOOLS)).prompt_token_ids) == "[12]"
+    async with serve(engine, tool_call_parser="pythonic") as client:  # no shipped template: the model's own
+        assert "<tools>" not in engine.tokenizer.decode(
+            (await sent(client, engine, tools=TOOLS)).prompt_token_ids
+        )
+
+
+async def test_tool_aware_model_template_is_kept(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    prompt = engine.tokenizer.decode((await sent(client, engine, tools=TOOLS)).prompt_token_ids)
+    assert "<|im_start|>tools\n" in prompt and "<tools>" not in prompt  # FakeTokenizer's template reads tools
