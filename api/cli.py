@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from api.config import ServerConfig
+from constrained import GrammarConfig
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
 from engine.errors import EngineError
 from toolparsers import TOOL_PARSERS
@@ -109,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help='constrain tool_choice "auto" calls to the tools\' schemas; --no-constrain-auto-tools only parses',
     )
+    serve.add_argument(
+        "--structured-outputs-backend", choices=["auto", "xgrammar", "guidance"], default="auto",
+        help="grammar backend when a request names none; auto = llguidance, xgrammar where it refuses",
+    )
+    serve.add_argument(
+        "--grammar-compile-timeout", type=float, default=30.0,
+        help="seconds one grammar compile may take before its request fails with a 400",
+    )
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: measured)")
     serve.add_argument(
         "--max-waiting-requests", type=int, default=1024, help="queued requests beyond which new ones get 429"
@@ -158,6 +167,8 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         num_threads=args.num_threads,
         chat_template=chat_template,
         max_waiting_requests=args.max_waiting_requests,
+        grammar=GrammarConfig(default_backend=args.structured_outputs_backend,
+                              compile_timeout_s=args.grammar_compile_timeout),
     )
     server_config = ServerConfig(
         host=args.host,

@@ -107,7 +107,8 @@ def gguf_config(reader: gguf.GGUFReader) -> dict[str, Any]:
     if scaling_type not in ("none", "linear"):
         raise ModelLoadError(f"unsupported GGUF RoPE scaling {scaling_type!r}; supported: none, linear")
     if scaling_type == "linear":
-        config["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, f"{arch}.rope.scaling.factor"))}
+        factor = float(_field(reader, f"{arch}.rope.scaling.factor"))
+        config["rope_scaling"] = {"rope_type": "linear", "factor": factor}
     return config
 
 

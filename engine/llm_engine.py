@@ -209,26 +209,34 @@ class LLMEngine:
                 return
 
     def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprob: Any) -> bool:
-        """Append one token, advance the matcher, detokenize, check stops; True when finished."""
+        """Append one token, advance the matcher, detokenize, check stops; True when finished.
+
+        EOS and stop_token_ids end the sequence without their text reaching the output, even with
+        skip_special_tokens=False (as in vLLM).
+        """
         params = seq.sampling_params
-        if seq.matcher is not None and not seq.matcher.accept([token_id]):
-            logger.error("request %s: grammar rejected sampled token %d", seq.request_id, token_id)
         seq.token_ids.append(token_id)
-        detok = state.detokenizers[seq.index]
-        text, stop_str = detok.add_tokens([token_id])
-        delta = state.pending.setdefault(seq.index, CompletionDelta(seq.index, [], "", [] if logprob else None))
+        delta = state.pending.setdefault(
+            seq.index, CompletionDelta(seq.index, [], "", [] if logprob is not None else None))
         delta.token_ids.append(token_id)
         if logprob is not None and delta.logprobs is not None:
             delta.logprobs.append(logprob)
+        detok = state.detokenizers[seq.index]
         status: SeqStatus | None = None
-        if stop_str is not None:
-            status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, stop_str
+        text, stop_str = "", None
+        if seq.matcher is not None and not seq.matcher.accept([token_id]):
+            logger.error("request %s: grammar rejected token %d; ending the choice", seq.request_id, token_id)
+            status = SeqStatus.FINISHED_STOPPED
         elif token_id in self.eos_token_ids and not params.ignore_eos:
             status = SeqStatus.FINISHED_STOPPED
         elif token_id in params.stop_token_ids:
             status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, token_id
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            status = SeqStatus.FINISHED_LENGTH
+        else:
+            text, stop_str = detok.add_tokens([token_id])
+            if stop_str is not None:
+                status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, stop_str
+            elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                status = SeqStatus.FINISHED_LENGTH
         if status is not None:
             if stop_str is None:
                 text += detok.flush()

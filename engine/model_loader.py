@@ -7,10 +7,9 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from engine.errors import ModelLoadError
@@ -18,6 +17,9 @@ from engine.gguf_weights import gguf_config, iter_gguf_weights, open_gguf
 from engine.models import ModelArch, get_model_class
 from engine.safetensors_weights import iter_safetensors_weights, read_hf_config
 from engine.tokenizer_loader import load_tokenizer
+
+if TYPE_CHECKING:
+    from engine.models.llama import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ class LoadedModel:
     """A model ready to run. `name` is what /v1/models lists (GGUF file stem or folder name);
     `max_model_len` bounds prompt + output tokens per sequence (and the model's RoPE table)."""
 
-    model: nn.Module
+    model: CausalLM
     arch: ModelArch
     tokenizer: PreTrainedTokenizerBase
     name: str
@@ -68,7 +70,7 @@ def resolve_max_model_len(arch: ModelArch, max_model_len: int | None) -> int:
 
 def load_model_weights(
     path: str, dtype: torch.dtype, device: torch.device, max_model_len: int | None = None
-) -> tuple[nn.Module, ModelArch, int]:
+) -> tuple[CausalLM, ModelArch, int]:
     """Build the model of a GGUF file or Hugging Face folder without its tokenizer.
 
     Returns (model in eval mode on `device` in `dtype`, arch, resolved max_model_len).
@@ -88,10 +90,11 @@ def load_model_weights(
         weights = iter_gguf_weights(reader, config)
     else:
         raise ModelLoadError(f"model path {path} is neither a folder nor a .gguf file")
+    model_cls = get_model_class((config.get("architectures") or ["<none>"])[0])  # before any other check
     arch = ModelArch.from_hf_config(config)
     resolved_len = resolve_max_model_len(arch, max_model_len)
-    model = get_model_class(arch.architecture)(arch, resolved_len, dtype, device)
-    model.load_weights(weights)  # type: ignore[operator]
+    model = model_cls(arch, resolved_len, dtype, device)
+    model.load_weights(weights)
     return model.eval(), arch, resolved_len
 
 

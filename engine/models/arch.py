@@ -51,6 +51,11 @@ class ModelArch:
         if self.head_dim % 2 != 0:
             raise ModelLoadError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
+    def kv_cache_bytes_per_block(self, block_size: int, element_size: int) -> int:
+        """Bytes one KV block takes over all layers, K and V together, at `element_size` bytes per
+        value (4 for float32, 2 for bfloat16); divide the KV memory budget by it for num_blocks."""
+        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * element_size
+
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelArch:
         """Build from a parsed `config.json` (transformers 4.x `rope_theta`/`rope_scaling` or 5.x

@@ -108,7 +108,9 @@ class CausalLM(nn.Module):
             torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device), requires_grad=False
         )
         self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device) for _ in range(arch.num_layers))
-        self.norm = nn.Parameter(torch.empty(arch.hidden_size, dtype=dtype, device=device), requires_grad=False)
+        self.norm = nn.Parameter(
+            torch.empty(arch.hidden_size, dtype=dtype, device=device), requires_grad=False
+        )
         self.lm_head = (
             self.embed_tokens
             if arch.tie_word_embeddings
@@ -116,12 +118,14 @@ class CausalLM(nn.Module):
         )
         self.register_buffer("cos_sin_cache", self._rope_cache(None, dtype, device), persistent=False)
 
-    def _rope_cache(self, freq_factors: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def _rope_cache(
+        self, freq_factors: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         arch = self.arch
         inv_freq = rope_inv_freq(arch.head_dim, arch.rope_theta, arch.rope_scaling, freq_factors)
         return rope_cos_sin_cache(inv_freq, self.max_positions, dtype).to(device)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def forward(
         self,
         input_ids: torch.Tensor,  # [num_tokens] int64
@@ -141,12 +145,12 @@ class CausalLM(nn.Module):
             residual = layer(residual, cos_sin, k_cache, v_cache, meta)
         return F.rms_norm(residual, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits float32 `[num_rows, vocab_size]` for hidden rows `[num_rows, hidden_size]`."""
         return F.linear(hidden, self.lm_head).float()
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into the fused parameters (casting dtype and device).
 
@@ -162,7 +166,8 @@ class CausalLM(nn.Module):
                 buffer = self.cos_sin_cache
                 self.cos_sin_cache = self._rope_cache(tensor.float().cpu(), buffer.dtype, buffer.device)
                 continue
-            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.arch.tie_word_embeddings):
+            tied_head = name == "lm_head.weight" and self.arch.tie_word_embeddings
+            if tied_head or name.endswith("rotary_emb.inv_freq"):
                 continue
             if name not in targets:
                 raise ModelLoadError(f"unexpected weight {name!r} for {self.arch.architecture}")
@@ -179,7 +184,10 @@ class CausalLM(nn.Module):
 
     def _weight_targets(self) -> dict[str, torch.Tensor]:
         """HF weight name -> the view of our (possibly fused) parameter it fills."""
-        targets: dict[str, torch.Tensor] = {"embed_tokens.weight": self.embed_tokens, "norm.weight": self.norm}
+        targets: dict[str, torch.Tensor] = {
+            "embed_tokens.weight": self.embed_tokens,
+            "norm.weight": self.norm,
+        }
         if not self.arch.tie_word_embeddings:
             targets["lm_head.weight"] = self.lm_head
         for i, layer in enumerate(self.layers):

@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny random Hugging Face models saved to a temporary folder (no tokenizer)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# pytest puts tests/ on sys.path for this file; without the repository root ahead of it, a bare
+# `pytest` (unlike `python -m pytest`) would import tests/engine as the namespace package `engine`.
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+TINY_CONFIGS: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": {
+        "rope_scaling": {
+            "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    },
+    "Qwen2ForCausalLM": {"tie_word_embeddings": True},
+    "Qwen3ForCausalLM": {"head_dim": 32, "tie_word_embeddings": True},
+}
+
+
+def save_tiny_model(folder: Path, architecture: str, seed: int = 0, **overrides: Any) -> Any:
+    """Save a 2-layer random transformers model of `architecture` (hidden 64, 4 heads, 2 KV heads,
+    vocab 256, float32) with `save_pretrained` into `folder`; returns the model in eval mode.
+    Every weight, norms and biases included, is random so loading mistakes show in the logits."""
+    import torch
+    import transformers
+
+    config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
+    config = config_cls(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None, architectures=[architecture],
+        **{**TINY_CONFIGS[architecture], **overrides},
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.15 if param.dim() > 1 else 0.1)
+    model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
+    """Factory: `tiny_model_dir("Qwen3ForCausalLM", seed=1, **config_overrides)` ->
+    (folder with config.json + model.safetensors, the transformers model)."""
+
+    def make(architecture: str, seed: int = 0, **overrides: Any) -> tuple[Path, Any]:
+        folder = tmp_path / architecture
+        return folder, save_tiny_model(folder, architecture, seed, **overrides)
+
+    return make
