@@ -99,7 +99,7 @@ async def test_forced_grammars_force_and_limit_calls(client: httpx.AsyncClient, 
         '<tool_call>\n{"name": "get_weather", "arguments": ',
         '<tool_call>\n{"name": "get_time", "arguments": ',
     ]
-    assert required["structures"][1]["schema"] == {"type": "object", "properties": {}}  # no parameters
+    assert required["structures"][1]["schema"] == {"type": "object", "properties": {}, "additionalProperties": False}
     named = json.loads((await sent(client, engine, tools=TOOLS, tool_choice=NAMED)).grammar_spec.source)
     assert named["forced"] and named["stop_after_first"] and len(named["structures"]) == 1
     auto = json.loads((await sent(client, engine, tools=TOOLS)).grammar_spec.source)

@@ -1,0 +1,187 @@
+"""Issue 4 end to end: grammar-guaranteed tool calls on SmolLM2 via the `openai` client and agent SDKs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+
+import jsonschema
+import pytest
+
+from tests.e2e.conftest import MODEL
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+CONVERT = {"type": "function", "function": {
+    "name": "convert_currency", "description": "Convert an amount between currencies.", "strict": True,
+    "parameters": {"type": "object", "properties": {
+        "amount": {"type": "number", "minimum": 0, "maximum": 1000000},
+        "from": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "to": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 10}},
+        "required": ["amount", "from", "to", "days"], "additionalProperties": False}}}
+NOW = {"type": "function", "function": {"name": "get_time", "description": "The current time."}}
+TOOLS = [WEATHER, CONVERT, NOW]
+SCHEMAS = {t["function"]["name"]: t["function"].get("parameters", {"type": "object"}) for t in TOOLS}
+
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Perth", "Hanoi", "Accra", "Bern"]
+TEMPLATES = ["What's the weather like in {c}?", "Should I take an umbrella in {c} today?",
+             "Convert 120 dollars to euros for my trip to {c}.", "How hot is it in {c} in fahrenheit?",
+             "I am flying to {c}; what time is it and how is the weather?"]
+PROMPTS = [t.format(c=c) for c in CITIES for t in TEMPLATES]   # 50 varied prompts
+
+
+def collect_stream(chunks) -> tuple[str, list[dict], str | None]:
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for d in choice.delta.tool_calls or []:
+                call = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
+                if d.id:
+                    call["id"] = d.id
+                if d.function and d.function.name:
+                    call["name"] = d.function.name
+                if d.function and d.function.arguments:
+                    call["arguments"] += d.function.arguments
+            finish = choice.finish_reason or finish
+    return content, [calls[i] for i in sorted(calls)], finish
+
+
+def valid_call(name: str, arguments: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    except (ValueError, jsonschema.ValidationError, KeyError):
+        return False
+    return True
+
+
+def run_choice(client, prompt: str, tool_choice, stream: bool):
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": prompt}], tools=TOOLS,
+                  tool_choice=tool_choice, temperature=0.7, max_tokens=96)
+    if stream:
+        return collect_stream(client.chat.completions.create(**kwargs, stream=True))
+    out = client.chat.completions.create(**kwargs)
+    msg = out.choices[0].message
+    calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+             for c in msg.tool_calls or []]
+    return msg.content, calls, out.choices[0].finish_reason
+
+
+def test_required_and_named_calls_always_validate(server):
+    client = server.client()
+    named = {"type": "function", "function": {"name": "convert_currency"}}
+    jobs = [(p, "required", i % 2 == 0) for i, p in enumerate(PROMPTS)]
+    jobs += [(p, named, i % 2 == 1) for i, p in enumerate(PROMPTS)]
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda j: (j, run_choice(client, *j)), jobs))
+    bad = []
+    for (prompt, choice, stream), (content, calls, finish) in results:
+        ok = bool(calls) and finish == "tool_calls" and all(valid_call(c["name"], c["arguments"]) for c in calls)
+        ok = ok and all(c["id"] and c["id"].startswith("call_") for c in calls)
+        if choice != "required":
+            ok = ok and all(c["name"] == "convert_currency" for c in calls)
+        if not ok:
+            bad.append((prompt, choice, stream, content, calls, finish))
+    assert not bad, f"{len(bad)}/{len(jobs)} invalid: {bad[:3]}"
+
+
+def test_auto_never_returns_an_invalid_call(server):
+    client = server.client()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: run_choice(client, p, "auto", True), PROMPTS[:16]))
+    for content, calls, finish in results:
+        assert "<tool_call>" not in (content or "")
+        for call in calls:
+            assert valid_call(call["name"], call["arguments"]), call
+        assert finish == ("tool_calls" if calls else finish)
+
+
+def test_parallel_tool_calls_false_gives_one_call(server):
+    client = server.client()
+    out = client.chat.completions.create(model=MODEL, tools=TOOLS, tool_choice="required", temperature=0.7,
+                                         parallel_tool_calls=False, max_tokens=150,
+                                         messages=[{"role": "user", "content": "Weather in Paris and Rome?"}])
+    assert len(out.choices[0].message.tool_calls) == 1
+
+
+def test_multi_turn_tool_loop_completes(server):
+    client = server.client()
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=100)
+    call = first.choices[0].message.tool_calls[0]
+    messages.append({"role": "assistant", "content": None, "tool_calls": [call.model_dump()]})
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21, "sky": "clear"})})
+    final = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
+                                           temperature=0, max_tokens=60)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_named_unknown_tool_is_400(server):
+    import openai
+
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, tools=TOOLS, max_tokens=10,
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert err.value.body["param"].startswith("tool_choice")
+
+
+def test_openai_agents_sdk_tool_loop(server):
+    os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        calls.append(city)
+        return f"Sunny and 21C in {city}."
+
+    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=AsyncOpenAI(
+        base_url=server.url + "/v1", api_key="x", max_retries=0))
+    agent = Agent(name="weather", instructions="Answer with the tool.", model=model, tools=[get_weather],
+                  model_settings=ModelSettings(tool_choice="required", max_tokens=80, temperature=0),
+                  tool_use_behavior="stop_on_first_tool")
+    result = Runner.run_sync(agent, "What is the weather in Paris?")
+    assert calls and "Sunny" in str(result.final_output)
+
+
+def test_langchain_bind_tools_and_structured_output(server):
+    os.environ["LANGSMITH_TRACING"] = "false"
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        return "sunny"
+
+    llm = ChatOpenAI(base_url=server.url + "/v1", api_key="x", model=MODEL, temperature=0, max_tokens=80,
+                     max_retries=0)
+    msg = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Weather in Oslo?")
+    assert msg.tool_calls and msg.tool_calls[0]["name"] == "get_weather"
+    assert isinstance(msg.tool_calls[0]["args"]["city"], str)
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    person = llm.with_structured_output(Person).invoke("Invent a person.")
+    assert isinstance(person, Person)
+    by_tool = llm.with_structured_output(Person, method="function_calling").invoke("Invent a person.")
+    assert isinstance(by_tool, Person)
