@@ -64,15 +64,17 @@ class AsyncEngine:
         """
         from engine.model_loader import load_model
 
-        configure_threads(config.num_threads)
         device = _pick_device(config.device)
         dtype = _pick_dtype(config.dtype, device)
         loaded = load_model(config.model, dtype=dtype, device=device, max_model_len=config.max_model_len)
-        max_model_len = config.max_model_len or min(loaded.arch.max_position_embeddings, 8192)
+        if device.type == "cpu":
+            configure_threads(config.num_threads, loaded.arch.hidden_size, loaded.arch.intermediate_size)
+        max_model_len = loaded.max_model_len
         torch.manual_seed(config.seed)
         engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len)
         engine.structured.compiler.warm_up()
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens), max_model_len %d",
+        logger.info("serving %s: dtype=%s, %.1fM parameters, KV cache %d blocks x %d tokens (%d tokens), "
+                    "max_model_len %d", loaded.name, str(dtype).removeprefix("torch."), loaded.num_params / 1e6,
                     engine.runner.num_blocks, config.block_size, engine.runner.num_blocks * config.block_size,
                     max_model_len)
         return cls(engine, config.served_model_name or loaded.name, loaded.path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from constrained import GrammarConfig
+from lora.config import LoraConfig
 
 from engine.errors import InvalidSamplingParams
 
@@ -21,6 +22,7 @@ class EngineConfig:
     kv_cache_memory_bytes: bytes for all layers' K and V blocks together.
     num_threads: torch intra-op threads on CPU; None = measured default (see engine/threads.py).
     grammar: structured-output backend choice, compile timeout and cache size.
+    lora: LoRA limits and startup adapters; None = LoRA off (`--enable-lora` not given).
     """
 
     model: str | None = None
@@ -38,6 +40,7 @@ class EngineConfig:
     chat_template: str | None = None
     max_waiting_requests: int = 1024
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
+    lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):

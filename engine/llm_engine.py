@@ -23,6 +23,8 @@ from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FINISH_REASONS, Sequence, SeqStatus
 from engine.stats import EngineStats
 from engine.structured_output import StructuredOutputManager
+from lora.errors import LoraAdapterNotFound
+from lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +58,13 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.arch = arch
         self.max_model_len = max_model_len
+        self.lora = LoraManager(config.lora, model.lora_spec(), dtype, device) if config.lora else None
         self.runner = ModelRunner(model, arch, device, dtype, config.block_size,
-                                  config.kv_cache_memory_bytes, max_model_len)
+                                  config.kv_cache_memory_bytes, max_model_len, self.lora)
         self.block_pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len), self.block_pool)
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len), self.block_pool,
+            self.lora)
         self.eos_token_ids: tuple[int, ...] = tuple(arch.eos_token_ids)
         self.sampler = Sampler(arch.vocab_size, self.eos_token_ids, config.seed)
         self.requests: dict[str, RequestState] = {}
@@ -73,7 +77,8 @@ class LLMEngine:
         self.num_prompt_tokens = 0
 
     def validate(self, request: EngineRequest) -> None:
-        """Raise ContextLengthExceeded / InvalidSamplingParams for a request that cannot run."""
+        """Raise ContextLengthExceeded / InvalidSamplingParams / LoraAdapterNotFound (an adapter name
+        that is not loaded) for a request that cannot run."""
         num_prompt = len(request.prompt_token_ids)
         if num_prompt == 0:
             raise InvalidSamplingParams("the prompt is empty", param="prompt")
@@ -90,11 +95,16 @@ class LLMEngine:
             raise InvalidSamplingParams(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
         if request.request_id in self.requests:
             raise InvalidSamplingParams(f"duplicate request id {request.request_id}", param="request_id")
+        if request.lora_name is not None and (self.lora is None or not self.lora.registry.has(request.lora_name)):
+            raise LoraAdapterNotFound(f"The model `{request.lora_name}` does not exist.", param="model")
 
     def add_request(self, request: EngineRequest) -> None:
         """Validate and queue a request: one Sequence per choice (n)."""
         self.validate(request)
         params = request.sampling_params
+        adapter_id = 0
+        if request.lora_name is not None and self.lora is not None:
+            adapter_id = self.lora.begin_request(request.lora_name, params.n)   # per-load id: keys the prefix cache
         seqs: list[Sequence] = []
         detoks: list[IncrementalDetokenizer] = []
         for index in range(params.n):
@@ -105,7 +115,7 @@ class LLMEngine:
                 seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
                 token_ids=list(request.prompt_token_ids), num_prompt_tokens=len(request.prompt_token_ids),
                 sampling_params=params, arrival_time=request.arrival_time or time.monotonic(),
-                lora_name=request.lora_name, generator=generator,
+                lora_name=request.lora_name, adapter_id=adapter_id, generator=generator,
                 first_sibling=seqs[0] if seqs else None)
             seqs.append(seq)
             detoks.append(IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,

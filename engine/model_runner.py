@@ -10,6 +10,8 @@ import torch
 from engine.attention_metadata import AttentionMetadata
 from engine.errors import ModelLoadError
 from engine.scheduler import SchedulerOutput
+from lora.batch import LoraBatch
+from lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +28,14 @@ class ModelRunner:
     KV cache: per layer a (k_cache, v_cache) pair, each [num_blocks, block_size, num_kv_heads,
     head_dim] in the model dtype on the model device, sized from `kv_cache_memory_bytes`.
     Raises ModelLoadError when that memory cannot hold one max_model_len sequence.
+    `lora` (None: LoRA off) gives each sequence's adapter slot for the per-token LoRA batch.
     """
 
     def __init__(self, model: Any, arch: Any, device: torch.device, dtype: torch.dtype,
-                 block_size: int, kv_cache_memory_bytes: int, max_model_len: int) -> None:
+                 block_size: int, kv_cache_memory_bytes: int, max_model_len: int,
+                 lora: LoraManager | None = None) -> None:
         self.model = model
+        self.lora = lora
         self.arch = arch
         self.device = device
         self.dtype = dtype
@@ -94,12 +99,23 @@ class ModelRunner:
                 torch.tensor(positions, dtype=torch.int64, device=dev), meta,
                 torch.tensor(sample_idx, dtype=torch.int64, device=dev))
 
+    def prepare_lora(self, sched: SchedulerOutput) -> LoraBatch | None:
+        """The step's per-token LoRA slots (token_slots int32 [T], -1 = base); None when no
+        scheduled sequence uses an adapter. Every adapter in the step is resident (the scheduler
+        acquired its slot at admission)."""
+        lora = self.lora
+        if lora is None or not any(item.seq.adapter_id for item in sched.scheduled):
+            return None
+        seq_slots = [lora.slot_of(item.seq.adapter_id) if item.seq.adapter_id else -1 for item in sched.scheduled]
+        assert all(slot >= 0 for slot, item in zip(seq_slots, sched.scheduled) if item.seq.adapter_id)
+        return lora.prepare_batch(seq_slots, [item.num_scheduled_tokens for item in sched.scheduled])
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the step; returns float32 [num_sampling, vocab_size] logits on the CPU, in the order
         of the sampling sequences in `sched.scheduled`. Writes this step's K/V into the cache."""
         input_ids, positions, meta, sample_idx = self.prepare(sched)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.prepare_lora(sched))
         if sample_idx.numel() == 0:
             return torch.empty((0, self.arch.vocab_size), dtype=torch.float32)
         logits = self.model.compute_logits(hidden[sample_idx])

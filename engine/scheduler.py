@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.block_pool import BlockPool
 from engine.sequence import Sequence, SeqStatus
+from lora.manager import LoraManager
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +53,14 @@ class Scheduler:
     waiting sequences in arrival order (preempted ones at the front), each taking prefix-cache
     hits and then as many prompt tokens as the token budget allows (chunked prefill). A waiting
     sequence whose grammar is compiling, or whose choice-0 sibling has not finished its prefill
-    (so that it can reuse the prompt blocks), is passed over without blocking the others.
+    (so that it can reuse the prompt blocks), is passed over without blocking the others; so is
+    one whose LoRA adapter cannot get a slot (`lora`: a RUNNING sequence holds its adapter's slot).
     """
 
-    def __init__(self, config: SchedulerConfig, block_pool: BlockPool) -> None:
+    def __init__(self, config: SchedulerConfig, block_pool: BlockPool, lora: LoraManager | None = None) -> None:
         self.config = config
         self.block_pool = block_pool
+        self.lora = lora
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -97,13 +100,14 @@ class Scheduler:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if not self._ready(seq):
+            if not self._ready(seq) or not self._acquire_adapter(seq):
                 skipped.append(self.waiting.popleft())
                 continue
             cached = self.block_pool.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
             num_cached_tokens = len(cached) * self.block_pool.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
             if not self.block_pool.allocate_slots(seq, num_new, cached):
+                self._release_adapter(seq)
                 break
             self.waiting.popleft()
             if seq.status is SeqStatus.WAITING:
@@ -124,7 +128,15 @@ class Scheduler:
             return True
         return sibling.status is SeqStatus.RUNNING and sibling.num_computed_tokens >= sibling.num_prompt_tokens
 
+    def _acquire_adapter(self, seq: Sequence) -> bool:
+        return not seq.adapter_id or self.lora is None or self.lora.acquire_slot(seq.adapter_id)
+
+    def _release_adapter(self, seq: Sequence) -> None:
+        if seq.adapter_id and self.lora is not None:
+            self.lora.release_slot(seq.adapter_id)
+
     def _preempt(self, seq: Sequence) -> None:
+        self._release_adapter(seq)
         self.block_pool.free_seq(seq)
         seq.num_computed_tokens = 0
         seq.status = SeqStatus.PREEMPTED
@@ -143,8 +155,11 @@ class Scheduler:
         assert status.is_finished
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
+            self._release_adapter(seq)
         elif not seq.status.is_finished:
             self.waiting.remove(seq)
+        if seq.adapter_id and self.lora is not None and not seq.status.is_finished:
+            self.lora.end_sequence(seq.adapter_id)
         seq.status = status
         self.block_pool.free_seq(seq)
 

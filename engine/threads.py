@@ -1,23 +1,53 @@
-"""CPU thread settings for torch, chosen by measurement (see benchmarks/threads_bench.py)."""
+"""CPU thread settings for torch, chosen by measuring this machine at start-up."""
 
 from __future__ import annotations
 
 import logging
 import os
+import statistics
+import time
 
 import torch
 
 logger = logging.getLogger(__name__)
 
 
-def default_num_threads() -> int:
-    """Intra-op threads when --num-threads is not given: every core this process may use."""
+def available_cores() -> int:
+    """Cores this process may run on."""
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def configure_threads(num_threads: int | None) -> int:
-    """Set torch's intra-op threads (and one inter-op thread); returns the number set."""
-    n = num_threads or default_num_threads()
+def measure_best_threads(hidden_size: int, intermediate_size: int, num_rows: int = 32,
+                         candidates: list[int] | None = None, repeats: int = 8) -> int:
+    """Time a decode-sized MLP matmul ([num_rows, hidden] x [hidden, 2*intermediate], float32) at
+    each thread count and return the fastest (median of `repeats`; about a second in all).
+
+    Why measure: on a 2-core box that is busy with other work, OpenMP barriers make small matmuls
+    many times slower with two threads than with one, while on an idle box two threads win.
+    """
+    candidates = candidates or list(range(1, available_cores() + 1))
+    x = torch.randn(num_rows, hidden_size)
+    w = torch.randn(2 * intermediate_size, hidden_size)
+    timings: dict[int, float] = {}
+    for n in candidates:
+        torch.set_num_threads(n)
+        for _ in range(3):
+            torch.nn.functional.linear(x, w)
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            samples.append(time.perf_counter() - start)
+        timings[n] = statistics.median(samples)
+    best = min(timings, key=lambda n: timings[n])
+    logger.info("matmul timings by thread count (ms): %s; using %d",
+                {n: round(1000 * t, 3) for n, t in timings.items()}, best)
+    return best
+
+
+def configure_threads(num_threads: int | None, hidden_size: int, intermediate_size: int) -> int:
+    """Set torch's intra-op threads: `num_threads` when given, else the measured best; returns it."""
+    n = num_threads or (measure_best_threads(hidden_size, intermediate_size) if available_cores() > 1 else 1)
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(1)

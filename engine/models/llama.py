@@ -8,6 +8,7 @@ matmuls. Attention reads and writes the paged KV cache through `kernels.paged_at
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,10 @@ from engine.errors import ModelLoadError
 from engine.models.arch import ModelArch
 from engine.models.rope import apply_rope, rope_cos_sin_cache, rope_inv_freq
 from kernels.paged_attention import paged_attention, write_kv
+from lora.targets import LoraModelSpec, llama_lora_spec
+
+if TYPE_CHECKING:
+    from lora.batch import LoraBatch
 
 ROPE_FREQS_NAME = "rope_freqs.weight"  # GGUF files of Llama 3.x carry llama3 RoPE as frequency factors
 
@@ -25,9 +30,10 @@ ROPE_FREQS_NAME = "rope_freqs.weight"  # GGUF files of Llama 3.x carry llama3 Ro
 class DecoderLayer(nn.Module):
     """Pre-norm block: RMSNorm -> attention -> residual add -> RMSNorm -> SwiGLU MLP -> residual add."""
 
-    def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, arch: ModelArch, dtype: torch.dtype, device: torch.device, layer_idx: int = 0) -> None:
         super().__init__()
         factory = {"dtype": dtype, "device": device}
+        self.layer_idx = layer_idx
         hidden, head_dim = arch.hidden_size, arch.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, head_dim
         self.q_size, self.kv_size = arch.num_heads * head_dim, arch.num_kv_heads * head_dim
@@ -57,14 +63,23 @@ class DecoderLayer(nn.Module):
         k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
-        """Run the block on the step's tokens; writes their K/V into the caches at meta.slot_mapping."""
+        """Run the block on the step's tokens; writes their K/V into the caches at meta.slot_mapping.
+        `lora` adds each token's adapter delta to the four fused projections."""
         hidden_size = residual.shape[-1]
         x = F.rms_norm(residual, (hidden_size,), self.input_norm, self.eps)
-        residual.add_(self._attention(x, cos_sin, k_cache, v_cache, meta))
+        residual.add_(self._attention(x, cos_sin, k_cache, v_cache, meta, lora))
         x = F.rms_norm(residual, (hidden_size,), self.post_attn_norm, self.eps)
-        gate, up = F.linear(x, self.gate_up_weight).split(self.intermediate_size, dim=-1)
-        residual.add_(F.linear(F.silu(gate).mul_(up), self.down_weight))
+        gate_up = F.linear(x, self.gate_up_weight)
+        if lora is not None:
+            lora.apply(self.layer_idx, "gate_up", x, gate_up)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        hidden = F.silu(gate).mul_(up)
+        down = F.linear(hidden, self.down_weight)
+        if lora is not None:
+            lora.apply(self.layer_idx, "down", hidden, down)
+        residual.add_(down)
         return residual
 
     def _attention(
@@ -74,9 +89,12 @@ class DecoderLayer(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
+        lora: LoraBatch | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        if lora is not None:
+            lora.apply(self.layer_idx, "qkv", x, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -90,7 +108,11 @@ class DecoderLayer(nn.Module):
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
             meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
         )
-        return F.linear(out.view(num_tokens, self.q_size), self.o_weight, self.o_bias)
+        out = out.view(num_tokens, self.q_size)
+        o = F.linear(out, self.o_weight, self.o_bias)
+        if lora is not None:
+            lora.apply(self.layer_idx, "o", out, o)
+        return o
 
 
 class CausalLM(nn.Module):
@@ -107,7 +129,7 @@ class CausalLM(nn.Module):
         self.embed_tokens = nn.Parameter(
             torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device), requires_grad=False
         )
-        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device, i) for i in range(arch.num_layers))
         self.norm = nn.Parameter(
             torch.empty(arch.hidden_size, dtype=dtype, device=device), requires_grad=False
         )
@@ -132,18 +154,27 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,  # [num_tokens] int64, each < max_positions
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer (k_cache, v_cache)
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """Hidden states after the final norm, `[num_tokens, hidden_size]` in the model dtype.
 
         kv_caches[layer] = (k_cache, v_cache), each `[num_blocks, block_size, num_kv_heads, head_dim]`
         contiguous in the model dtype; this step's K/V are written at meta.slot_mapping, then every
         token attends causally over its sequence's cached context (see AttentionMetadata).
+        `lora` (None = base model for every token) applies per-token LoRA adapters (lora/batch.py).
         """
         residual = F.embedding(input_ids, self.embed_tokens)
         cos_sin = self.cos_sin_cache.index_select(0, positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            residual = layer(residual, cos_sin, k_cache, v_cache, meta)
+            residual = layer(residual, cos_sin, k_cache, v_cache, meta, lora)
         return F.rms_norm(residual, (self.arch.hidden_size,), self.norm, self.arch.rms_norm_eps)
+
+    def lora_spec(self) -> LoraModelSpec:
+        """Where PEFT modules land in this model's fused projections (lora/targets.py)."""
+        layer = self.layers[0]
+        assert isinstance(layer, DecoderLayer)
+        return llama_lora_spec(self.arch.num_layers, self.arch.hidden_size, layer.q_size, layer.kv_size,
+                               layer.intermediate_size)
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
