@@ -73,7 +73,8 @@ def walk_instance(backend: Any, compiled: Any, token_ids: list[int], bitmask: An
 def bench_backend(name: str, vocab_info: VocabInfo, files: list[Path]) -> dict[str, Any]:
     """Compile every schema of `files` with backend `name` and walk every instance with fill + accept.
 
-    Returns timings and `per_file`: {file name: [compiled, num passed, num instances]}.
+    Returns timings and `per_file`: {file name: [compiled, num passed, num instances,
+    num invalid instances accepted]}; a schema the backend refuses counts as not compiled.
     """
     backend = get_grammar_backend(name)(vocab_info)
     tokenizer, eos = vocab_info.tokenizer, vocab_info.eos_token_ids[0]
@@ -88,16 +89,18 @@ def bench_backend(name: str, vocab_info: VocabInfo, files: list[Path]) -> dict[s
         try:
             compiled = backend.compile(spec)
         except InvalidGrammar:
-            per_file[path.name] = [False, 0, len(data["tests"])]
+            per_file[path.name] = [False, 0, len(data["tests"]), 0]
             continue
         finally:
             compile_ms.append((time.perf_counter() - start) * 1e3)
-        passed = 0
+        passed = invalid_accepted = 0
         for test in data["tests"]:
             text = json.dumps(test["data"], separators=(",", ":"), ensure_ascii=False)
             token_ids = tokenizer.encode(text, add_special_tokens=False) + [eos]
-            passed += walk_instance(backend, compiled, token_ids, bitmask, fill_us) == test["valid"]
-        per_file[path.name] = [True, passed, len(data["tests"])]
+            accepted = walk_instance(backend, compiled, token_ids, bitmask, fill_us)
+            passed += accepted == test["valid"]
+            invalid_accepted += accepted and not test["valid"]
+        per_file[path.name] = [True, passed, len(data["tests"]), invalid_accepted]
     return {
         "compile_ms_p50": round(percentile(compile_ms, 0.5), 3),
         "compile_ms_p99": round(percentile(compile_ms, 0.99), 3),
@@ -110,18 +113,23 @@ def bench_backend(name: str, vocab_info: VocabInfo, files: list[Path]) -> dict[s
 
 
 def summarise(per_file: dict[str, list[Any]]) -> dict[str, Any]:
-    """Pass rate overall and per source, and the number of schemas that failed to compile."""
+    """Pass rate overall, on compiled schemas and per source; schemas refused; invalid instances accepted."""
     by_source: dict[str, list[int]] = {}
-    for name, (_, passed, total) in per_file.items():
+    for name, (_, passed, total, _) in per_file.items():
         counts = by_source.setdefault(source_of(Path(name)), [0, 0])
         counts[0] += passed
         counts[1] += total
     passed = sum(v[1] for v in per_file.values())
     total = sum(v[2] for v in per_file.values())
+    compiled = [v for v in per_file.values() if v[0]]
+    on_compiled = sum(v[2] for v in compiled)
     return {
         "pass_rate": round(passed / total, 4) if total else 0.0,
+        "pass_rate_on_compiled": round(sum(v[1] for v in compiled) / on_compiled, 4) if on_compiled else 0.0,
         "num_instances": total,
-        "compile_failures": sum(not v[0] for v in per_file.values()),
+        "compiled": len(compiled),
+        "refused": len(per_file) - len(compiled),
+        "invalid_accepted": sum(v[3] for v in per_file.values()),
         "by_source": {k: round(p / t, 3) for k, (p, t) in sorted(by_source.items()) if t},
     }
 

@@ -16,14 +16,16 @@ import torch
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
 from constrained.bitmask import allow_only, check_bitmask
 from constrained.errors import InvalidGrammar
+from constrained.schema_keywords import GUIDANCE_RULES, check_keywords
+from constrained.schema_walk import iter_patterns
 from constrained.source import load_choices, load_schema
 from constrained.spec import GrammarKind, GrammarSpec
-from constrained.structural_tag import StructuralTagGrammar, parse_structural_tag
+from constrained.structural_tag import StructuralTag, StructuralTagGrammar, parse_structural_tag, schema_pointer
 from constrained.vocab import VocabInfo
 
 logger = logging.getLogger(__name__)
 _MAX_MESSAGE_CHARS = 500
-_TEXT_RULE = "TAG_TEXT: /(.|\\n)*/"
+_ANY_TEXT = "TAG_ANY: /(?s:.*)/"
 
 
 def _library_message(text: str) -> str:
@@ -36,9 +38,28 @@ def _lark_literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _bad_pattern(spec: GrammarSpec) -> str:
+    """'pattern "..." at #/...: <error>' for the first regex of a JSON spec llguidance cannot parse, else ""."""
+    if spec.kind == GrammarKind.JSON_SCHEMA:
+        schemas = [("#", load_schema(spec))]
+    elif spec.kind == GrammarKind.STRUCTURAL_TAG:
+        schemas = [(schema_pointer(i), tag.schema) for i, tag in enumerate(parse_structural_tag(spec).tags)]
+    else:
+        return ""
+    for where, schema in schemas:
+        for pointer, keyword, regex in iter_patterns(schema, where):
+            error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(regex))
+            if error:
+                detail = error.split("regex parse error:")[-1]
+                return f"{keyword} {json.dumps(regex, ensure_ascii=False)} at {pointer}: {_library_message(detail)}"
+    return ""
+
+
 class GuidanceBackend(GrammarBackend):
     """llguidance adapter: Lark (and GBNF/EBNF converted to Lark), JSON schema, regex, choice,
-    structural tags. Construction reads the tokenizer (~1 s). `compile` is thread-safe.
+    structural tags (style "json" only). Construction reads the tokenizer (~1 s). `compile` is
+    thread-safe. A schema with a keyword llguidance does not enforce is refused (InvalidGrammar
+    naming each keyword and its JSON pointer; see constrained/schema_keywords.py).
 
     The compiled artefact is a template `LLMatcher` that never consumes tokens; matchers are deep copies.
     """
@@ -71,10 +92,9 @@ class GuidanceBackend(GrammarBackend):
             ) from exc
         template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
         if template.is_error():
-            raise InvalidGrammar(
-                f"guidance cannot compile {spec.kind.value}: {_library_message(template.get_error())}",
-                param=spec.kind.value,
-            )
+            error = template.get_error()
+            detail = (_bad_pattern(spec) if "regex" in error else "") or _library_message(error)
+            raise InvalidGrammar(f"guidance cannot compile {spec.kind.value}: {detail}", param=spec.kind.value)
         return CompiledGrammar(self.name, spec, template, time.perf_counter() - start)
 
     def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
@@ -102,37 +122,66 @@ class GuidanceBackend(GrammarBackend):
         return {"whitespace_flexible": spec.any_whitespace}
 
     def _json_grammar(self, spec: GrammarSpec) -> str:
-        schema = json.dumps(load_schema(spec), ensure_ascii=False)
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=self._json_options(spec))
+        schema = load_schema(spec)
+        check_keywords(schema, GUIDANCE_RULES, spec.kind.value)
+        # llguidance refuses a bare `true` ("expecting object schema"); {} means the same.
+        text = json.dumps({} if schema is True else schema, ensure_ascii=False)
+        return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=self._json_options(spec))
 
     def _choice_grammar(self, spec: GrammarSpec) -> str:
         choices = load_choices(spec)
         return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(_lark_literal(c) for c in choices))
 
     def _structural_tag_grammar(self, spec: GrammarSpec) -> str:
-        """Lark: free text, then any number of `trigger rest-of-begin %json{schema} end` segments.
+        """Lark for a structural tag (see constrained/structural_tag.py for the semantics).
 
-        A trigger that is a special token of the tokenizer is matched as that token, otherwise
-        as lazy text (the segment starts at the first occurrence of the trigger).
+        Forced: `start: call (SEPARATOR call)*` (or one call), no free text. Otherwise free text
+        is TAG_TEXT, any text that contains no trigger, so a trigger can only start a call:
+        `start: tag* TAG_TEXT` where each tag is `TAG_TEXT trigger rest-of-begin %json{schema} end`
+        (with stop_after_first: `start: TAG_TEXT | tag`). A trigger that is a special token of the
+        tokenizer (`<...>`) is matched as that token. Raises InvalidGrammar for style "qwen_xml".
         """
         parsed: StructuralTagGrammar = parse_structural_tag(spec)
         names = [f"tag_{i}" for i in range(len(parsed.tags))]
-        lines = ["%llguidance {}", f"start: ({' | '.join(names)})* tag_end", "tag_end: TAG_TEXT", _TEXT_RULE]
-        for name, tag in zip(names, parsed.tags):
-            trigger = parsed.trigger_of(tag)
-            schema: Any = tag.schema
-            if isinstance(schema, dict):
-                schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **self._json_options(spec)}}
-            rest = tag.begin[len(trigger):]
-            body = " ".join(x for x in (_lark_literal(rest) if rest else "",
-                                        "%json " + json.dumps(schema, ensure_ascii=False),
-                                        _lark_literal(tag.end) if tag.end else "") if x)
-            if trigger in self.vocab_info.special_token_texts and trigger.startswith("<") and trigger.endswith(">"):
-                lines.append(f"{name}: TAG_TEXT {trigger} {body}")
-            else:
-                lines.append(f"{name}_trig[lazy]: TAG_TEXT {_lark_literal(trigger)}")
-                lines.append(f"{name}: {name}_trig {body}")
+        lines = ["%llguidance {}", f"call: {' | '.join(names)}"]
+        for i, (name, tag) in enumerate(zip(names, parsed.tags)):
+            lines += self._tag_rules(i, name, tag, parsed, spec)
+        if parsed.forced:
+            more = "" if parsed.stop_after_first else " (SEPARATOR call)*" if parsed.separator else " call*"
+            lines.append(f"start: call{more}")
+            if parsed.separator and not parsed.stop_after_first:
+                lines.append(f"SEPARATOR: {_lark_literal(parsed.separator)}")
+        else:
+            lines.append("start: TAG_TEXT | call" if parsed.stop_after_first else "start: call* TAG_TEXT")
+            triggers = " | ".join(_lark_literal(t) for t in parsed.triggers)
+            lines += [_ANY_TEXT, f"TAG_TRIGGER: {triggers}", "TAG_TEXT: TAG_ANY & ~(TAG_ANY TAG_TRIGGER TAG_ANY)"]
         return llguidance.LLMatcher.grammar_from_lark("\n".join(lines) + "\n")
+
+    def _tag_rules(self, index: int, name: str, tag: StructuralTag, parsed: StructuralTagGrammar,
+                   spec: GrammarSpec) -> list[str]:
+        if tag.style != "json":
+            raise InvalidGrammar(f'guidance cannot compile structural_tag: style "{tag.style}" of structures[{index}] '
+                                 "is not supported", param=spec.kind.value)
+        check_keywords(tag.schema, GUIDANCE_RULES, spec.kind.value, schema_pointer(index))
+        if tag.schema is False:
+            raise InvalidGrammar(f"guidance cannot compile structural_tag: the schema of structures[{index}] is "
+                                 "false (nothing matches)", param=spec.kind.value)
+        schema: dict[str, Any] = tag.schema if isinstance(tag.schema, dict) else {}
+        schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **self._json_options(spec)}}
+        trigger = parsed.trigger_of(tag)
+        rest = tag.begin[len(trigger):]
+        rules = []
+        if trigger in self.vocab_info.special_token_texts and trigger.startswith("<") and trigger.endswith(">"):
+            head = trigger if parsed.forced else f"TAG_TEXT {trigger}"
+        elif parsed.forced:
+            head, rest = "", tag.begin
+        else:  # one lexeme: text without a trigger, then the trigger (so the trigger ends the text)
+            head = f"{name.upper()}_HEAD"
+            rules.append(f"{head}: TAG_TEXT {_lark_literal(trigger)}")
+        body = [head, _lark_literal(rest) if rest else "", "%json " + json.dumps(schema, ensure_ascii=False),
+                _lark_literal(tag.end) if tag.end else ""]
+        rules.append(f"{name}: " + " ".join(x for x in body if x))
+        return rules
 
 
 class GuidanceMatcher(Matcher):

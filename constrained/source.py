@@ -7,14 +7,10 @@ import json
 from typing import Any
 
 from constrained.errors import InvalidGrammar
+from constrained.schema_walk import SUBSCHEMA_LIST, SUBSCHEMA_MAP, SUBSCHEMA_ONE
 from constrained.spec import GrammarKind, GrammarSpec
 
 _JSON_KINDS = (GrammarKind.JSON_SCHEMA, GrammarKind.CHOICE, GrammarKind.STRUCTURAL_TAG)
-# JSON Schema keywords whose value is one subschema, a map of name -> subschema, or a list of subschemas.
-_ONE = ("additionalProperties", "additionalItems", "items", "contains", "not", "if", "then", "else",
-        "propertyNames", "unevaluatedProperties", "unevaluatedItems")
-_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
@@ -80,14 +76,14 @@ def _close(node: Any) -> None:
         return
     if node.get("type") == "object" and "additionalProperties" not in node:
         node["additionalProperties"] = False
-    for key in _ONE:
+    for key in SUBSCHEMA_ONE:
         _close(node.get(key))
-    for key in _MAP:
+    for key in SUBSCHEMA_MAP:
         sub = node.get(key)
         if isinstance(sub, dict):
             for value in sub.values():
                 _close(value)
-    for key in _LIST:
+    for key in SUBSCHEMA_LIST:
         sub = node.get(key)
         if isinstance(sub, list):
             for value in sub:

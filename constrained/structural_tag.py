@@ -1,9 +1,19 @@
-"""Structural tags: free text in which each trigger starts a constrained `begin schema end` segment.
+"""Structural tags: constrained `begin content end` segments (tool calls), with or without free text.
 
-Source format (vLLM / xgrammar legacy structural tag), as JSON text in `GrammarSpec.source`:
-`{"structures": [{"begin": str, "schema": <JSON schema>, "end": str}, ...], "triggers": [str, ...]}`.
-Every `begin` must start with one of the `triggers`. Tool-call formats use it: the trigger is the
-format's call marker (e.g. "<tool_call>") and each tool gives one structure.
+Source format, as JSON text in `GrammarSpec.source` (xgrammar's legacy structural tag as vLLM sends
+it, plus keys that default to the legacy behaviour; toolparsers/structural.py writes it):
+
+    {"structures": [{"begin": str, "schema": <JSON schema>, "end": str, "style": "json" | "qwen_xml"}],
+     "triggers": [str], "forced": bool, "stop_after_first": bool, "separator": str}
+
+- `style` "json" (default): the content is JSON matching `schema`; "qwen_xml": the object's members
+  as `<parameter=KEY>VALUE</parameter>` (xgrammar `JSONSchemaFormat(style="qwen_xml")`).
+- `forced` false (default): free text; wherever a trigger appears, a structure whose `begin` starts
+  with it must follow, then free text again. EOS is allowed anywhere outside a structure. Every
+  `begin` must start with a trigger.
+- `forced` true: no free text; one or more structures joined by exactly `separator` (default "");
+  EOS only right after a complete structure. `triggers` may then be empty.
+- `stop_after_first` true: nothing may follow the first structure.
 """
 
 from __future__ import annotations
@@ -14,37 +24,47 @@ from dataclasses import dataclass
 from typing import Any
 
 from constrained.errors import InvalidGrammar
+from constrained.schema_walk import check_schema_shape
 from constrained.source import parse_json, prepare_schema
 from constrained.spec import GrammarKind, GrammarSpec
 
 _PARAM = GrammarKind.STRUCTURAL_TAG.value
+STYLES = ("json", "qwen_xml")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class StructuralTag:
-    """One constrained segment: literal `begin`, a JSON value matching `schema`, literal `end`."""
+    """One constrained segment: literal `begin`, content matching `schema` written in `style`
+    ("json" or "qwen_xml"), literal `end`."""
 
     begin: str
     schema: dict[str, Any] | bool
     end: str
+    style: str = "json"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class StructuralTagGrammar:
-    """A parsed structural_tag source: the tags and their triggers (each tag has exactly one trigger)."""
+    """A parsed structural_tag source (see the module docstring for the meaning of each field)."""
 
     tags: tuple[StructuralTag, ...]
     triggers: tuple[str, ...]
+    forced: bool = False
+    stop_after_first: bool = False
+    separator: str = ""
 
     def trigger_of(self, tag: StructuralTag) -> str:
-        """The longest trigger that `tag.begin` starts with (parse_structural_tag guarantees one)."""
-        return max((t for t in self.triggers if tag.begin.startswith(t)), key=len)
+        """The longest trigger that `tag.begin` starts with; "" when none does (forced tags only)."""
+        return max((t for t in self.triggers if tag.begin.startswith(t)), key=len, default="")
 
 
 def structural_tag_spec(
     tags: Sequence[StructuralTag],
     triggers: Sequence[str],
     *,
+    forced: bool = False,
+    stop_after_first: bool = False,
+    separator: str = "",
     backend: str | None = None,
     any_whitespace: bool = True,
     additional_properties: bool = True,
@@ -55,8 +75,11 @@ def structural_tag_spec(
     """
     source = json.dumps(
         {
-            "structures": [{"begin": t.begin, "schema": t.schema, "end": t.end} for t in tags],
+            "structures": [{"begin": t.begin, "schema": t.schema, "end": t.end, "style": t.style} for t in tags],
             "triggers": list(triggers),
+            "forced": forced,
+            "stop_after_first": stop_after_first,
+            "separator": separator,
         },
         separators=(",", ":"),
         ensure_ascii=False,
@@ -70,26 +93,43 @@ def parse_structural_tag(spec: GrammarSpec) -> StructuralTagGrammar:
     """Parse and validate a structural_tag spec; schemas are closed when `additional_properties` is False.
 
     Raises InvalidGrammar (param="structural_tag") on invalid JSON, missing or mistyped fields, an
-    empty trigger, or a `begin` that starts with no trigger.
+    unknown style, an empty trigger, no trigger without `forced`, a `begin` that starts with no
+    trigger, or a malformed schema (check_schema_shape).
     """
     data = parse_json(spec)
     if not isinstance(data, dict):
         raise InvalidGrammar("structural_tag source must be a JSON object", param=_PARAM)
-    structures, triggers = data.get("structures"), data.get("triggers")
-    if not isinstance(triggers, list) or not triggers:
+    structures, triggers = data.get("structures"), data.get("triggers", [])
+    forced, stop_after_first = data.get("forced", False), data.get("stop_after_first", False)
+    separator = data.get("separator", "")
+    if not isinstance(forced, bool) or not isinstance(stop_after_first, bool) or not isinstance(separator, str):
+        raise InvalidGrammar("structural_tag 'forced' and 'stop_after_first' must be booleans, "
+                             "'separator' a string", param=_PARAM)
+    if not isinstance(triggers, list) or not (triggers or forced):
         raise InvalidGrammar("structural_tag needs a non-empty 'triggers' list", param=_PARAM)
     if not all(isinstance(t, str) and t for t in triggers):
         raise InvalidGrammar("structural_tag triggers must be non-empty strings", param=_PARAM)
     if not isinstance(structures, list) or not structures:
         raise InvalidGrammar("structural_tag needs a non-empty 'structures' list", param=_PARAM)
-    tags = []
-    for i, item in enumerate(structures):
-        if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("begin", "end")):
-            raise InvalidGrammar(f"structures[{i}] needs string 'begin' and 'end'", param=_PARAM)
-        if "schema" not in item:
-            raise InvalidGrammar(f"structures[{i}] needs a 'schema'", param=_PARAM)
-        if not any(item["begin"].startswith(t) for t in triggers):
-            raise InvalidGrammar(f"structures[{i}].begin {item['begin']!r} starts with no trigger", param=_PARAM)
-        schema = prepare_schema(item["schema"], spec.additional_properties, _PARAM)
-        tags.append(StructuralTag(item["begin"], schema, item["end"]))
-    return StructuralTagGrammar(tuple(tags), tuple(triggers))
+    tags = [_parse_structure(i, item, triggers, spec) for i, item in enumerate(structures)]
+    return StructuralTagGrammar(tuple(tags), tuple(triggers), forced, stop_after_first, separator)
+
+
+def _parse_structure(i: int, item: Any, triggers: list[str], spec: GrammarSpec) -> StructuralTag:
+    if not isinstance(item, dict) or not all(isinstance(item.get(k), str) for k in ("begin", "end")):
+        raise InvalidGrammar(f"structures[{i}] needs string 'begin' and 'end'", param=_PARAM)
+    if "schema" not in item:
+        raise InvalidGrammar(f"structures[{i}] needs a 'schema'", param=_PARAM)
+    style = item.get("style", "json")
+    if style not in STYLES:
+        raise InvalidGrammar(f"structures[{i}].style {style!r} is not one of {', '.join(STYLES)}", param=_PARAM)
+    if triggers and not any(item["begin"].startswith(t) for t in triggers):
+        raise InvalidGrammar(f"structures[{i}].begin {item['begin']!r} starts with no trigger", param=_PARAM)
+    schema = prepare_schema(item["schema"], spec.additional_properties, _PARAM)
+    check_schema_shape(schema, _PARAM, schema_pointer(i))
+    return StructuralTag(item["begin"], schema, item["end"], style)
+
+
+def schema_pointer(index: int) -> str:
+    """The JSON pointer of structure `index`'s schema in the source, used in error messages."""
+    return f"#/structures/{index}/schema"

@@ -14,10 +14,13 @@ import xgrammar as xgr
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
 from constrained.bitmask import allow_only, check_bitmask
 from constrained.errors import InvalidGrammar
+from constrained.schema_keywords import check_keywords
+from constrained.schema_walk import iter_patterns
 from constrained.source import is_ebnf, load_choices, load_schema
 from constrained.spec import GrammarKind, GrammarSpec
-from constrained.structural_tag import parse_structural_tag
+from constrained.structural_tag import StructuralTag, parse_structural_tag, schema_pointer
 from constrained.vocab import VocabInfo
+from constrained.xgrammar_keywords import XGRAMMAR_RULES
 
 # xgrammar threads per compile (token-mask cache); the GrammarCompiler pool adds compile-level parallelism.
 _COMPILE_THREADS = 2
@@ -38,12 +41,23 @@ def _ebnf_literal(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _bad_pattern(schema: Any, where: str) -> str:
+    """'pattern "..." at #/...: <error>' for the first regex of `schema` xgrammar cannot parse, else ""."""
+    for pointer, keyword, regex in iter_patterns(schema, where):
+        try:
+            xgr.Grammar.from_regex(regex)
+        except (RuntimeError, ValueError) as exc:
+            return f"{keyword} {json.dumps(regex, ensure_ascii=False)} at {pointer}: {_library_message(exc)}"
+    return ""
+
+
 class XGrammarBackend(GrammarBackend):
     """xgrammar adapter: EBNF and Lark grammars, JSON schema, regex, choice, structural tags.
 
     Construction reads the tokenizer's vocabulary (~0.5 s). `compile` is thread-safe. JSON object
-    properties must appear in the schema's order (xgrammar's default, as in vLLM); keywords
-    xgrammar does not implement (e.g. `not`, `uniqueItems`, most `format`s) are not enforced.
+    properties must appear in the schema's order (xgrammar's default, as in vLLM). A schema with a
+    keyword xgrammar would skip (`not`, `uniqueItems`, `patternProperties` next to `properties`, ...;
+    see constrained/xgrammar_keywords.py) is refused with InvalidGrammar, never weakened.
     """
 
     name = "xgrammar"
@@ -112,8 +126,27 @@ class XGrammarBackend(GrammarBackend):
         return options
 
     def _compile_json(self, spec: GrammarSpec) -> Any:
-        schema = json.dumps(load_schema(spec), ensure_ascii=False)
-        return self._compiler.compile_json_schema(schema, **self._json_options(spec))
+        schema = load_schema(spec)
+        check_keywords(schema, XGRAMMAR_RULES, spec.kind.value)
+        text = json.dumps(schema, ensure_ascii=False)
+        return self._with_pattern_detail(lambda: self._compiler.compile_json_schema(text, **self._json_options(spec)),
+                                         schema, spec, "#")
+
+    def _schema_grammar(self, schema: Any, spec: GrammarSpec, where: str) -> Any:
+        """`xgr.Grammar` of a checked schema (for structural tags)."""
+        text = json.dumps(schema, ensure_ascii=False)
+        return self._with_pattern_detail(lambda: xgr.Grammar.from_json_schema(text, **self._json_options(spec)),
+                                         schema, spec, where)
+
+    @staticmethod
+    def _with_pattern_detail(build: Callable[[], Any], schema: Any, spec: GrammarSpec, where: str) -> Any:
+        """`build()`; on failure InvalidGrammar naming the bad regex and its JSON pointer when there is one."""
+        try:
+            return build()
+        except (RuntimeError, ValueError) as exc:
+            detail = _bad_pattern(schema, where) or _library_message(exc)
+            raise InvalidGrammar(f"xgrammar cannot compile {spec.kind.value}: {detail}",
+                                 param=spec.kind.value) from exc
 
     def _compile_choice(self, spec: GrammarSpec) -> Any:
         choices = load_choices(spec)
@@ -125,19 +158,29 @@ class XGrammarBackend(GrammarBackend):
         return self._compiler.compile_lark(spec.source)
 
     def _compile_structural_tag(self, spec: GrammarSpec) -> Any:
+        """Forced: xgrammar `tags_with_separator` (at least one); otherwise `triggered_tags`."""
         parsed = parse_structural_tag(spec)
-        options = self._json_options(spec)
-        tags = []
-        for tag in parsed.tags:
-            # Through EBNF so any_whitespace / additional_properties hold inside tags too.
-            content = xgr.Grammar.from_json_schema(json.dumps(tag.schema, ensure_ascii=False), **options)
-            tags.append({"type": "tag", "begin": tag.begin, "end": tag.end,
-                         "content": {"type": "grammar", "grammar": str(content)}})
-        structural_tag = {
-            "type": "structural_tag",
-            "format": {"type": "triggered_tags", "triggers": list(parsed.triggers), "tags": tags},
-        }
+        tags = [self._tag(i, tag, spec) for i, tag in enumerate(parsed.tags)]
+        fmt: dict[str, Any]
+        if parsed.forced:
+            fmt = {"type": "tags_with_separator", "tags": tags, "separator": parsed.separator,
+                   "at_least_one": True, "stop_after_first": parsed.stop_after_first}
+        else:
+            fmt = {"type": "triggered_tags", "triggers": list(parsed.triggers), "tags": tags,
+                   "at_least_one": False, "stop_after_first": parsed.stop_after_first}
+        structural_tag = {"type": "structural_tag", "format": fmt}
         return self._compiler.compile_structural_tag(json.dumps(structural_tag, ensure_ascii=False))
+
+    def _tag(self, index: int, tag: StructuralTag, spec: GrammarSpec) -> dict[str, Any]:
+        where = schema_pointer(index)
+        check_keywords(tag.schema, XGRAMMAR_RULES, spec.kind.value, where)
+        content: dict[str, Any]
+        if tag.style == "json":
+            # Through EBNF so any_whitespace / additional_properties hold inside tags too.
+            content = {"type": "grammar", "grammar": str(self._schema_grammar(tag.schema, spec, where))}
+        else:
+            content = {"type": "json_schema", "json_schema": tag.schema, "style": tag.style}
+        return {"type": "tag", "begin": tag.begin, "end": tag.end, "content": content}
 
 
 class XGrammarMatcher(Matcher):

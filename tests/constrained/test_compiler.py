@@ -185,10 +185,17 @@ def test_bad_specs_raise_invalid_grammar(real_compiler, spec, needle, backend_na
     assert info.value.param == spec.kind.value
 
 
-def test_real_auto_fallback_for_unimplemented_keyword(real_compiler):
-    with pytest.raises(InvalidGrammar, match='"if"'):
-        real_compiler.compile(GrammarSpec(K.JSON_SCHEMA, SCHEMA_IF_THEN, backend="guidance"))
-    assert real_compiler.compile(GrammarSpec(K.JSON_SCHEMA, SCHEMA_IF_THEN)).backend == "xgrammar"
+def test_real_auto_fallback_only_to_an_exact_constraint(real_compiler):
+    # guidance does not implement format "uri-reference"; xgrammar does, exactly: auto falls back.
+    uri_reference = json.dumps({"type": "string", "format": "uri-reference"})
+    with pytest.raises(InvalidGrammar, match='format "uri-reference"'):
+        real_compiler.compile(GrammarSpec(K.JSON_SCHEMA, uri_reference, backend="guidance"))
+    assert real_compiler.compile(GrammarSpec(K.JSON_SCHEMA, uri_reference)).backend == "xgrammar"
+    # Neither enforces if/then: auto refuses, naming the keyword for each backend.
+    with pytest.raises(InvalidGrammar) as info:
+        real_compiler.compile(GrammarSpec(K.JSON_SCHEMA, SCHEMA_IF_THEN))
+    for name in AUTO_ORDER:
+        assert f'{name} cannot enforce json_schema: "if" at # (not implemented)' in info.value.message
 
 
 def test_real_matchers_and_batched_fill(real_compiler, encode, vocab_info):
