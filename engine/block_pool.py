@@ -55,8 +55,9 @@ class BlockPool:
         """Block ids of the longest cached prefix of `seq`'s tokens, for a sequence with no blocks.
 
         At least one token is always left to compute (its logits are needed), so at most
-        (num_tokens - 1) // block_size blocks match. Counts queries and hits in tokens.
-        Changes no ref count: pass the result to `allocate_slots`.
+        (num_tokens - 1) // block_size blocks match. Also fills `seq.block_hashes` for those
+        blocks. Changes no ref count and no counter: pass the result to `allocate_slots`, and
+        count the lookup with `record_prefix_query` once the sequence is admitted.
         """
         assert not seq.block_table
         if not self.enable_prefix_caching:
@@ -71,9 +72,13 @@ class BlockPool:
             if block_id is None:
                 break
             hits.append(block_id)
-        self.stats.queries += seq.num_tokens
-        self.stats.hits += len(hits) * self.block_size
         return hits
+
+    def record_prefix_query(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Count one admitted lookup: `num_tokens` prompt tokens queried, `num_hit_tokens` served."""
+        if self.enable_prefix_caching:
+            self.stats.queries += num_tokens
+            self.stats.hits += num_hit_tokens
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, cached_blocks: list[int] | None = None) -> bool:
         """Reserve KV space so that `seq` can hold num_computed + cached + num_new_tokens tokens.

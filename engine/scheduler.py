@@ -52,8 +52,9 @@ class Scheduler:
     order), preempting the most recently admitted running sequence when blocks run out; then
     waiting sequences in arrival order (preempted ones at the front), each taking prefix-cache
     hits and then as many prompt tokens as the token budget allows (chunked prefill). A waiting
-    sequence whose grammar is compiling, or whose choice-0 sibling has not finished its prefill
-    (so that it can reuse the prompt blocks), is passed over without blocking the others; so is
+    sequence whose grammar is compiling, or whose next prompt block is being prefilled right now
+    by another running sequence (it waits to reuse it: n choices of one request, many clients
+    with one system prompt), is passed over without blocking the others; so is
     one whose LoRA adapter cannot get a slot (`lora`: a RUNNING sequence holds its adapter's slot).
     """
 
@@ -63,6 +64,7 @@ class Scheduler:
         self.lora = lora
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._in_flight: dict[bytes, Sequence] = {}   # prompt block digest -> running sequence computing it
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -100,10 +102,16 @@ class Scheduler:
         skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if not self._ready(seq) or not self._acquire_adapter(seq):
+            if seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
                 skipped.append(self.waiting.popleft())
                 continue
             cached = self.block_pool.find_cached_prefix(seq) if seq.num_computed_tokens == 0 else []
+            if seq.num_computed_tokens == 0 and self._prefix_in_flight(seq, len(cached)):
+                skipped.append(self.waiting.popleft())
+                continue
+            if not self._acquire_adapter(seq):
+                skipped.append(self.waiting.popleft())
+                continue
             num_cached_tokens = len(cached) * self.block_pool.block_size
             num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
             if not self.block_pool.allocate_slots(seq, num_new, cached):
@@ -112,21 +120,42 @@ class Scheduler:
             self.waiting.popleft()
             if seq.status is SeqStatus.WAITING:
                 seq.num_cached_tokens = num_cached_tokens
+                self.block_pool.record_prefix_query(seq.num_tokens, num_cached_tokens)
             seq.num_computed_tokens += num_cached_tokens
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            self._claim_in_flight(seq, len(cached))
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
         return budget
 
-    def _ready(self, seq: Sequence) -> bool:
-        if seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
+    def _prefix_in_flight(self, seq: Sequence, num_hit_blocks: int) -> bool:
+        """True when the block right after `seq`'s cache hits is being prefilled by another running
+        sequence: waiting a few steps then turns it into a hit (a shared system prompt sent by many
+        clients at once, or the n choices of one request, is computed once)."""
+        if num_hit_blocks >= len(seq.block_hashes):
             return False
-        sibling = seq.first_sibling
-        if sibling is None or not self.block_pool.enable_prefix_caching or sibling.status.is_finished:
+        block_hash = seq.block_hashes[num_hit_blocks]
+        owner = self._in_flight.get(block_hash)
+        if owner is None or owner is seq:
+            return False
+        if (owner.status is SeqStatus.RUNNING and num_hit_blocks < len(owner.block_hashes)
+                and owner.block_hashes[num_hit_blocks] == block_hash
+                and owner.num_computed_tokens < (num_hit_blocks + 1) * self.block_pool.block_size):
             return True
-        return sibling.status is SeqStatus.RUNNING and sibling.num_computed_tokens >= sibling.num_prompt_tokens
+        del self._in_flight[block_hash]          # stale: finished, preempted or already computed
+        return False
+
+    def _claim_in_flight(self, seq: Sequence, num_hit_blocks: int) -> None:
+        if self.block_pool.enable_prefix_caching:
+            for block_hash in seq.block_hashes[num_hit_blocks:]:
+                self._in_flight.setdefault(block_hash, seq)
+
+    def _drop_in_flight(self, seq: Sequence) -> None:
+        for block_hash in seq.block_hashes:
+            if self._in_flight.get(block_hash) is seq:
+                del self._in_flight[block_hash]
 
     def _acquire_adapter(self, seq: Sequence) -> bool:
         return not seq.adapter_id or self.lora is None or self.lora.acquire_slot(seq.adapter_id)
@@ -136,6 +165,7 @@ class Scheduler:
             self.lora.release_slot(seq.adapter_id)
 
     def _preempt(self, seq: Sequence) -> None:
+        self._drop_in_flight(seq)
         self._release_adapter(seq)
         self.block_pool.free_seq(seq)
         seq.num_computed_tokens = 0
@@ -161,6 +191,7 @@ class Scheduler:
         if seq.adapter_id and self.lora is not None and not seq.status.is_finished:
             self.lora.end_sequence(seq.adapter_id)
         seq.status = status
+        self._drop_in_flight(seq)
         self.block_pool.free_seq(seq)
 
     def check_invariants(self) -> None:

@@ -65,7 +65,6 @@ class Sequence:
     matcher: Any = None                  # constrained.Matcher when the request has a grammar
     stop_reason: str | int | None = None
     num_preemptions: int = 0
-    first_sibling: Sequence | None = None   # choice 0 of the same request; later choices wait for its prefill
 
     @property
     def num_tokens(self) -> int:

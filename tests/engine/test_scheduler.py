@@ -106,3 +106,34 @@ def test_random_operations_never_leak(ops, caching):
     assert sched.block_pool.num_free_blocks == 10
     assert all(s.num_output_tokens == s.sampling_params.max_tokens for s in live
                if s.status is SeqStatus.FINISHED_LENGTH)
+
+
+def test_shared_prompt_sent_at_once_is_prefilled_once():
+    sched = new_scheduler(num_blocks=64, max_tokens=64, max_seqs=8)
+    prompt = list(range(40))
+    seqs = [make_seq(i, prompt + [100 + i], max_tokens=2) for i in range(4)]
+    for s in seqs:
+        sched.add(s)
+    first = sched.schedule()
+    assert [s.seq.seq_id for s in first.scheduled] == [0], "the others wait for seq 0's prompt blocks"
+    sched.update_after_step(first)
+    seqs[0].token_ids.append(7)                       # its first sampled token
+    second = sched.schedule()
+    assert sorted(s.seq.seq_id for s in second.scheduled) == [0, 1, 2, 3]
+    followers = [s for s in second.scheduled if s.seq.seq_id != 0]
+    assert all(s.seq.num_cached_tokens == 40 and s.num_scheduled_tokens == 1 for s in followers)
+    sched.update_after_step(second)
+    sched.check_invariants()
+
+
+def test_waiting_on_a_preempted_owner_does_not_deadlock():
+    sched = new_scheduler(num_blocks=64, max_tokens=8, max_seqs=8)
+    owner = make_seq(0, list(range(20)), max_tokens=1)
+    follower = make_seq(1, list(range(20)), max_tokens=1)
+    sched.add(owner)
+    sched.add(follower)
+    out = sched.schedule()
+    assert [s.seq.seq_id for s in out.scheduled] == [0]
+    sched.finish(owner, SeqStatus.FINISHED_ABORTED)
+    out = sched.schedule()
+    assert [s.seq.seq_id for s in out.scheduled] == [1]
