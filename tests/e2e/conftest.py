@@ -30,7 +30,7 @@ class Server:
         import openai
 
         return openai.OpenAI(base_url=self.url + "/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0,
-                             timeout=kwargs.pop("timeout", 120), **kwargs)
+                             timeout=kwargs.pop("timeout", 600), **kwargs)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
