@@ -27,7 +27,7 @@ serve: $(STAMP)
 	$(BIN)/structserve serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -x --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=20 -p no:cacheprovider tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_bench.py
