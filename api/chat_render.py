@@ -54,7 +54,8 @@ class ChatPrompt:
 class RenderOptions:
     """How to render: generation prompt or continuation of the last assistant message, extra
     template variables, the template override, whether to add special tokens when encoding, and
-    the tool-call format whose shipped template renders tools the tokenizer's template ignores."""
+    the tool-call format whose shipped template renders tools the tokenizer's template ignores.
+    `prompt_param` names the request field holding the conversation in 400s ("input" on /v1/responses)."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -62,6 +63,7 @@ class RenderOptions:
     chat_template: str | None = None
     add_special_tokens: bool = False
     tool_call_parser: str | None = None
+    prompt_param: str = "messages"
 
 
 async def render_chat_prompt(
@@ -81,11 +83,13 @@ async def render_chat_prompt(
             param="continue_final_message",
         )
     if options.continue_final_message and not isinstance(messages[-1], AssistantMessage):
-        raise InvalidRequest("continue_final_message needs an assistant message last", param="messages")
+        raise InvalidRequest(
+            "continue_final_message needs an assistant message last", param=options.prompt_param
+        )
     if options.chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise InvalidRequest(
             "this model has no chat template; start the server with --chat-template or use /v1/completions",
-            param="messages",
+            param=options.prompt_param,
         )
     conversation = [message_to_template_dict(m) for m in messages]
     tool_dicts = [t.model_dump(exclude_none=True) for t in tools] if tools else None
@@ -161,6 +165,8 @@ def _render_and_encode(
             **extra,
         )
     except jinja2.TemplateError as exc:
-        raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from None
+        raise InvalidRequest(
+            f"the chat template rejected the messages: {exc}", param=options.prompt_param
+        ) from None
     token_ids = list(tokenizer.encode(text, add_special_tokens=options.add_special_tokens))
     return ChatPrompt(text=text, token_ids=token_ids)

@@ -14,13 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from api.config import ServerConfig
+from api.lora_cli import add_lora_arguments, lora_config_from_args
 from constrained import GrammarConfig
 from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
 from engine.errors import EngineError
+from lora.errors import LoraError
 from toolparsers import TOOL_PARSERS
 from toolparsers.templates import template_path
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_RESPONSES_DB = "data/responses.sqlite3"
 
 _SIZE_UNITS = {
     "": 1,
@@ -118,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--grammar-compile-timeout", type=float, default=30.0,
         help="seconds one grammar compile may take before its request fails with a 400",
     )
+    serve.add_argument(
+        "--responses-db",
+        default=DEFAULT_RESPONSES_DB,
+        help='SQLite file storing /v1/responses (created with its folder); ":memory:" keeps them in memory',
+    )
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: measured)")
     serve.add_argument(
         "--max-waiting-requests", type=int, default=1024, help="queued requests beyond which new ones get 429"
@@ -125,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info"
     )
+    add_lora_arguments(serve)
     return parser
 
 
@@ -167,6 +177,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         num_threads=args.num_threads,
         chat_template=chat_template,
         max_waiting_requests=args.max_waiting_requests,
+        lora=lora_config_from_args(args, names),
         grammar=GrammarConfig(default_backend=args.structured_outputs_backend,
                               compile_timeout_s=args.grammar_compile_timeout),
     )
@@ -180,6 +191,8 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         constrain_auto_tools=args.constrain_auto_tools,
+        responses_db=args.responses_db,
+        allow_runtime_lora=args.allow_runtime_lora,
     )
     return engine_config, server_config
 
@@ -209,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         engine_config, server_config = build_configs(args, dict(os.environ))
-    except (ValueError, EngineError) as exc:
+    except (ValueError, EngineError, LoraError) as exc:
         parser.error(str(exc))  # exits with status 2
     serve(engine_config, server_config)
     return 0

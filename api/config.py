@@ -21,6 +21,9 @@ class ServerConfig:
         False answers it with 400, as vLLM does without --enable-auto-tool-choice.
     constrain_auto_tools: with tool_choice "auto", constrain calls (once the format's start marker
         appears) to the tools' names and schemas; False only parses what the model writes.
+    responses_db: SQLite file of stored /v1/responses objects (its folder is created); ":memory:"
+        keeps them for the life of the process. The CLI default is `data/responses.sqlite3`.
+    allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     """
 
     host: str = "127.0.0.1"
@@ -34,3 +37,5 @@ class ServerConfig:
     tool_call_parser: str = "hermes"
     enable_auto_tool_choice: bool = True
     constrain_auto_tools: bool = True
+    responses_db: str = ":memory:"
+    allow_runtime_lora: bool = False

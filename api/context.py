@@ -13,6 +13,7 @@ from api.config import ServerConfig
 from api.errors import ModelNotFound
 from engine.stats import EngineStats
 from engine.request import EngineRequest, RequestOutput
+from lora.registry import LoraAdapterInfo
 
 
 class EngineClient(Protocol):
@@ -62,17 +63,26 @@ class ServerContext:
         """Names listed by /v1/models; the first is reported in responses."""
         return self.config.served_model_names or (self.engine.model_name,)
 
-    def resolve_model(self, requested: str | None) -> ResolvedModel:
-        """Map the request's `model` to a served model; None means the base model.
+    def lora_adapters(self) -> list[LoraAdapterInfo]:
+        """The engine's loaded LoRA adapters (an engine without `lora_adapters`, e.g. a test fake: none)."""
+        list_adapters = getattr(self.engine, "lora_adapters", None)
+        return list(list_adapters()) if list_adapters is not None else []
 
-        The one place that decides which names exist (LoRA adapters will be looked up here).
-        Raises ModelNotFound listing the available names.
+    def resolve_model(self, requested: str | None) -> ResolvedModel:
+        """Map the request's `model` to a served model or a LoRA adapter; None means the base model.
+
+        The one place that decides which names exist; base model names win over an adapter of the
+        same name. Raises ModelNotFound listing the available names (base and adapters).
         """
         names = self.served_model_names
         if requested is None or requested in names or requested in self.config.model_aliases:
             return ResolvedModel(name=names[0])
+        adapter_names = [adapter.name for adapter in self.lora_adapters()]
+        if requested in adapter_names:
+            return ResolvedModel(name=requested, lora_name=requested)
         raise ModelNotFound(
-            f"The model `{requested}` does not exist. Available models: {', '.join(names)}", param="model"
+            f"The model `{requested}` does not exist. Available models: {', '.join([*names, *adapter_names])}",
+            param="model",
         )
 
 

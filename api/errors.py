@@ -26,6 +26,7 @@ from engine.errors import (
     InvalidSamplingParams,
     ModelLoadError,
 )
+from lora.errors import InvalidLoraAdapter, LoraAdapterExists, LoraAdapterNotFound, LoraError, LoraNotEnabled
 from toolparsers.errors import ToolParserError
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,14 @@ class ModelNotFound(ApiError):
     """`model` names neither a served model nor an adapter (404)."""
 
 
+class ResponseNotFound(ApiError):
+    """No stored response has this id (never stored, stored with `store: false`, or deleted) (404)."""
+
+
+class PreviousResponseNotFound(ResponseNotFound):
+    """`previous_response_id` names no stored response (404, code previous_response_not_found)."""
+
+
 class AuthenticationFailed(ApiError):
     """Missing or wrong `Authorization: Bearer` key (401)."""
 
@@ -75,6 +84,12 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     ToolParserError: (400, "invalid_request_error", None),
     AuthenticationFailed: (401, "invalid_request_error", "invalid_api_key"),
     ModelNotFound: (404, "invalid_request_error", "model_not_found"),
+    InvalidLoraAdapter: (400, "invalid_request_error", "invalid_lora_adapter"),
+    LoraAdapterExists: (400, "invalid_request_error", "lora_adapter_exists"),
+    LoraNotEnabled: (400, "invalid_request_error", "not_supported"),
+    LoraAdapterNotFound: (404, "invalid_request_error", "model_not_found"),
+    ResponseNotFound: (404, "invalid_request_error", "response_not_found"),
+    PreviousResponseNotFound: (404, "invalid_request_error", "previous_response_not_found"),
     EngineOverloaded: (429, "rate_limit_error", "overloaded"),
     ClientDisconnected: (499, "invalid_request_error", "client_disconnected"),
     EngineDeadError: (500, "server_error", "engine_dead"),
@@ -86,7 +101,7 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
 }
 _INTERNAL: tuple[int, str, str | None] = (500, "server_error", None)
 # Exceptions whose `message` and `param` are written for clients.
-_CLIENT_SAFE = (ApiError, EngineError, GrammarError, ToolParserError)
+_CLIENT_SAFE = (ApiError, EngineError, GrammarError, ToolParserError, LoraError)
 
 
 def error_status(exc: BaseException) -> tuple[int, str, str | None]:
@@ -192,5 +207,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(EngineError, _handle_known)
     app.add_exception_handler(GrammarError, _handle_known)
     app.add_exception_handler(ToolParserError, _handle_known)
+    app.add_exception_handler(LoraError, _handle_known)
     app.add_exception_handler(StarletteHTTPException, _handle_http)
     app.add_exception_handler(RequestValidationError, _handle_validation)

@@ -46,7 +46,7 @@ def format_grammar(request: SamplingFields) -> RequestGrammar | None:
     Raises InvalidRequest when both constrain it, when a schema is missing or malformed, or when
     `structured_outputs.backend` is unknown.
     """
-    from_format = _from_response_format(request.response_format)
+    from_format = response_format_grammar(request.response_format)
     outputs = request.structured_outputs
     from_outputs = _from_structured_outputs(outputs) if outputs is not None else None
     if from_format is not None and from_outputs is not None:
@@ -116,18 +116,24 @@ def json_schema_spec(schema: dict[str, Any], param: str) -> GrammarSpec:
     return GrammarSpec(GrammarKind.JSON_SCHEMA, source)
 
 
-def _from_response_format(fmt: ResponseFormat | None) -> RequestGrammar | None:
+def response_format_grammar(
+    fmt: ResponseFormat | None, field: str = "response_format", schema_param: str | None = None
+) -> RequestGrammar | None:
+    """The constraint of a chat-shaped output format (None for text or no format).
+
+    `field` names the request field in 400s (json_object); `schema_param` the schema's path
+    (default `{field}.json_schema.schema`). The Responses endpoint passes its `text.format` here.
+    Raises InvalidRequest when a json_schema format has no schema or a malformed one.
+    """
     if isinstance(fmt, ResponseFormatJsonObject):
-        return RequestGrammar(GrammarSpec(GrammarKind.JSON_OBJECT, ""), "response_format")
+        return RequestGrammar(GrammarSpec(GrammarKind.JSON_OBJECT, ""), field)
     if isinstance(fmt, ResponseFormatJsonSchema):
-        param = "response_format.json_schema.schema"
+        param = schema_param or f"{field}.json_schema.schema"
         schema = fmt.json_schema.json_schema
         if schema is None:
-            raise InvalidRequest(
-                "response_format of type json_schema needs the schema in json_schema.schema", param=param
-            )
+            raise InvalidRequest(f"a json_schema format needs its schema in {param}", param=param)
         return RequestGrammar(json_schema_spec(schema, param), param)
-    return None  # text, or no response_format
+    return None  # text, or no format
 
 
 def _from_structured_outputs(outputs: StructuredOutputs) -> RequestGrammar | None:

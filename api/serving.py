@@ -3,7 +3,8 @@ with the engine requests aborted whenever the client leaves first."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 from fastapi import Request
@@ -17,6 +18,7 @@ from api.sse import EngineEventSourceResponse, sse_data
 from engine.request import EngineRequest, RequestOutput
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
+SseEncoder = Callable[[AsyncIterator[BaseModel], str], AsyncGenerator[Any, None]]
 
 
 async def respond(
@@ -26,9 +28,10 @@ async def respond(
     stream: bool,
     chunks: Callable[[Outputs], AsyncIterator[BaseModel]],
     whole: Callable[[Outputs], Awaitable[BaseModel]],
+    sse: SseEncoder = sse_data,
 ) -> Response:
     """Submit `engine_requests` and answer: SSE of `chunks(outputs)` when `stream`, else the JSON of
-    `whole(outputs)`.
+    `whole(outputs)`. `sse` frames the streamed objects (default: `data:` chunks and [DONE]).
 
     The first output is awaited before any byte is sent, so engine errors raised before it are
     ordinary HTTP errors. A client that disconnects (before the first output, during a whole
@@ -42,7 +45,7 @@ async def respond(
         await _close(group)
         raise
     if stream:
-        events = sse_data(chunks(group.outputs()), request_id)
+        events = sse(chunks(group.outputs()), request_id)
         return EngineEventSourceResponse(events, group.aclose, context.config.sse_ping_interval_s)
     try:
         result = await cancel_on_disconnect(request.receive, whole(group.outputs()), request_id)

@@ -1,4 +1,4 @@
-"""A chat request's tools, tool_choice and output format -> its grammar and how its output is parsed.
+"""A request's tools, tool_choice and output format -> its grammar and how its output is parsed.
 
 | tool_choice | tools in the prompt | grammar | output parsed for calls |
 | --- | --- | --- | --- |
@@ -14,6 +14,7 @@ any other format with "auto", and any format with a forced call, is a 400 confli
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from api.config import ServerConfig
@@ -22,6 +23,8 @@ from api.grammar_from_request import RequestGrammar, format_grammar, with_option
 from api.json_schema_check import check_json_schema
 from api.protocol.chat_request import ChatCompletionRequest
 from api.protocol.messages import NamedToolChoice, Tool
+from api.protocol.messages import ToolChoice as ToolChoiceField
+from api.protocol.structured_outputs import StructuredOutputs
 from api.tool_format_grammar import answer_or_calls_grammar
 from engine.sampling_params import SamplingParams
 from toolparsers import ToolParser, ToolSpec, get_tool_parser
@@ -58,14 +61,38 @@ class ChatConstraints:
     keep_special_tokens: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """The tool fields of one request in chat shapes (the Responses endpoint converts its own).
+
+    `parameters_param` formats the field path of `tools[index]`'s schema for 400s.
+    """
+
+    tools: Sequence[Tool] | None = None
+    tool_choice: ToolChoiceField | None = None
+    parallel_tool_calls: bool | None = None
+    structured_outputs: StructuredOutputs | None = None
+    parameters_param: str = "tools[{index}].function.parameters"
+
+
 def chat_constraints(request: ChatCompletionRequest, config: ServerConfig) -> ChatConstraints:
-    """Decide grammar, parsing and tool rendering for `request` (see the module table).
+    """Decide grammar, parsing and tool rendering for a chat request (see `request_constraints`)."""
+    tools = ToolRequest(
+        request.tools, request.tool_choice, request.parallel_tool_calls, request.structured_outputs
+    )
+    return request_constraints(format_grammar(request), tools, config)
+
+
+def request_constraints(
+    fmt: RequestGrammar | None, request: ToolRequest, config: ServerConfig
+) -> ChatConstraints:
+    """Decide grammar, parsing and tool rendering from the output format `fmt` and the tool fields
+    (see the module table).
 
     Raises InvalidRequest / NotSupported (400) for a tool_choice without tools, "auto" when the
     server disables it, a forced choice with a format, a malformed tool schema, and
     ToolParserError (400, param tool_choice) for a named function that is not in `tools`.
     """
-    fmt = format_grammar(request)
     choice = _effective_choice(request)
     if choice == "none":
         return ChatConstraints(grammar=fmt)
@@ -77,7 +104,9 @@ def chat_constraints(request: ChatCompletionRequest, config: ServerConfig) -> Ch
             param="tool_choice",
         )
     parser_class = get_tool_parser(config.tool_call_parser)
-    specs = [tool_spec(tool, i) for i, tool in enumerate(request.tools)]
+    specs = [
+        tool_spec(tool, request.parameters_param.format(index=i)) for i, tool in enumerate(request.tools)
+    ]
     parallel = request.parallel_tool_calls is not False
     tool_grammar = parser_class(specs).grammar_for(specs, _parser_choice(choice), parallel)
     if tool_grammar is not None:
@@ -105,14 +134,15 @@ def chat_constraints(request: ChatCompletionRequest, config: ServerConfig) -> Ch
     )
 
 
-def tool_spec(tool: Tool, index: int) -> ToolSpec:
-    """The parser-side ToolSpec of `tools[index]`; its parameters schema is checked (400 when malformed)."""
+def tool_spec(tool: Tool, parameters_param: str) -> ToolSpec:
+    """The parser-side ToolSpec of one tool; its parameters schema is checked (400 naming
+    `parameters_param` when malformed)."""
     function = tool.function
     if function.parameters is None:
         return ToolSpec(
             name=function.name, description=function.description or "", strict=bool(function.strict)
         )
-    check_json_schema(function.parameters, f"tools[{index}].function.parameters")
+    check_json_schema(function.parameters, parameters_param)
     return ToolSpec(
         name=function.name,
         description=function.description or "",
@@ -128,7 +158,7 @@ def sampling_for_tools(constraints: ChatConstraints, params: SamplingParams) -> 
     return params
 
 
-def _effective_choice(request: ChatCompletionRequest) -> str | NamedToolChoice:
+def _effective_choice(request: ToolRequest) -> str | NamedToolChoice:
     choice = request.tool_choice
     if choice is None:
         return "auto" if request.tools else "none"

@@ -15,24 +15,29 @@ from toolparsers import ParseResult, ToolCallDelta, ToolParser
 
 
 class ToolCallStream:
-    """The tool-call streaming state of one choice (one parser; `feed` then `finish` once)."""
+    """The tool-call streaming state of one choice (one parser; `parse`/`deltas` until `final`)."""
 
     def __init__(self, parser: ToolParser) -> None:
         self._parser = parser
         self.made_calls = False
+
+    def parse(self, text: str, final: bool) -> ParseResult:
+        """The parser's result for the next text delta; with `final`, also everything held back."""
+        result = self._parser.feed(text) if text else ParseResult()
+        if final:
+            result.extend(self._parser.finish())
+        self.made_calls = self.made_calls or bool(result.tool_calls)
+        return result
 
     def deltas(self, text: str, final: bool) -> list[DeltaMessage]:
         """Chunk deltas for the next text delta; with `final`, also everything still held back.
 
         Content comes first, then one delta per tool-call piece (header, then arguments).
         """
-        result = self._parser.feed(text) if text else ParseResult()
-        if final:
-            result.extend(self._parser.finish())
+        result = self.parse(text, final)
         messages = [DeltaMessage(content=result.content)] if result.content else []
         for piece in result.deltas:
             messages.append(DeltaMessage(tool_calls=[delta_tool_call(piece)]))
-        self.made_calls = self.made_calls or bool(result.tool_calls)
         return messages
 
     def finish_reason(self, engine_reason: str) -> str:

@@ -33,6 +33,10 @@ from api.protocol.messages import (
     UserMessage,
 )
 from api.protocol.models import ModelCard, ModelList
+from api.protocol.responses_events import StreamEvent
+from api.protocol.responses_items import InputItem
+from api.protocol.responses_object import InputItemList, ResponseDeleted, ResponseObject, ResponseUsage
+from api.protocol.responses_request import ResponsesRequest
 from api.protocol.structured_outputs import StructuredOutputs
 from api.protocol.tokenization import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
@@ -62,13 +66,20 @@ __all__ = [
     "ErrorResponse",
     "FunctionCall",
     "FunctionDefinition",
+    "InputItem",
+    "InputItemList",
     "ModelCard",
     "ModelList",
     "NamedToolChoice",
     "PromptTokensDetails",
+    "ResponseDeleted",
     "ResponseFormatJsonObject",
     "ResponseFormatJsonSchema",
     "ResponseFormatText",
+    "ResponseObject",
+    "ResponseUsage",
+    "ResponsesRequest",
+    "StreamEvent",
     "StreamOptions",
     "StructuredOutputs",
     "SystemMessage",

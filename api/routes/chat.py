@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from functools import partial
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from api.auth import require_api_key
+from api.chat_generation import ChatInputs, prepare_chat_generation
 from api.chat_output import ChatOutputOptions, chat_chunks, chat_completion
-from api.chat_render import RenderOptions, render_chat_prompt
+from api.chat_render import RenderOptions
 from api.context import Context
 from api.grammar_from_request import grammar_errors_name
 from api.logprobs_output import LogprobFormatter
 from api.protocol.chat_request import ChatCompletionRequest
 from api.request_body import read_body
 from api.response_meta import ResponseMeta
-from api.sampling_from_request import chat_logprobs, resolve_max_tokens, sampling_params_from_request
+from api.sampling_from_request import chat_logprobs, sampling_params_from_request
 from api.serving import respond
-from api.tool_choice import chat_constraints, sampling_for_tools
-from engine.request import EngineRequest
+from api.tool_choice import chat_constraints
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -31,8 +29,6 @@ async def create_chat_completion(request: Request, context: Context) -> Response
     """Render the messages with the chat template, generate, and answer as chat.completion or SSE chunks."""
     body = await read_body(request, ChatCompletionRequest)
     model = context.resolve_model(body.model)
-    # schema checks walk client JSON of any size: off the event loop
-    constraints = await asyncio.to_thread(chat_constraints, body, context.config)
     engine = context.engine
     options = RenderOptions(
         add_generation_prompt=body.add_generation_prompt is not False,
@@ -42,41 +38,33 @@ async def create_chat_completion(request: Request, context: Context) -> Response
         add_special_tokens=bool(body.add_special_tokens),
         tool_call_parser=context.config.tool_call_parser,
     )
-    tools = body.tools if constraints.render_tools else None
-    prompt = await render_chat_prompt(engine.tokenizer, body.messages, tools, options)
-    max_tokens = resolve_max_tokens(
-        body.requested_max_tokens(), len(prompt.token_ids), engine.max_model_len, "messages"
-    )
     num_logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
-    params = sampling_for_tools(
-        constraints,
-        sampling_params_from_request(
+    meta = ResponseMeta.new("chatcmpl", model.name)
+    inputs = ChatInputs(
+        messages=body.messages,
+        tools=body.tools,
+        render=options,
+        requested_max_tokens=body.requested_max_tokens(),
+        constraints=partial(chat_constraints, body, context.config),
+        sampling=lambda max_tokens: sampling_params_from_request(
             body, max_tokens=max_tokens, logprobs=num_logprobs, vocab_size=engine.vocab_size
         ),
     )
-    meta = ResponseMeta.new("chatcmpl", model.name)
-    grammar = constraints.grammar
-    engine_request = EngineRequest(
-        meta.id,
-        prompt.token_ids,
-        params,
-        grammar.spec if grammar is not None else None,
-        model.lora_name,
-        time.monotonic(),
-    )
+    generation = await prepare_chat_generation(context, meta.id, model, inputs)
+    constraints = generation.constraints
     output_options = ChatOutputOptions(
-        n=params.n,
+        n=generation.engine_request.sampling_params.n,
         logprobs=num_logprobs is not None,
         include_usage=body.include_usage(),
         continuous_usage=body.continuous_usage(),
         tool_calling=constraints.tool_calling,
     )
     fmt = LogprobFormatter(engine.tokenizer)
-    with grammar_errors_name(grammar):
+    with grammar_errors_name(constraints.grammar):
         return await respond(
             request,
             context,
-            [engine_request],
+            [generation.engine_request],
             bool(body.stream),
             chunks=partial(chat_chunks, meta=meta, options=output_options, fmt=fmt),
             whole=partial(chat_completion, meta=meta, options=output_options, fmt=fmt),

@@ -14,17 +14,25 @@ router = APIRouter(dependencies=[Depends(require_api_key)])
 
 def _cards(context: ServerContext) -> list[ModelCard]:
     engine = context.engine
-    return [
+    names = context.served_model_names
+    cards = [
         ModelCard(
             id=name, created=context.created, root=engine.model_path, max_model_len=engine.max_model_len
         )
-        for name in context.served_model_names
+        for name in names
     ]
+    cards += [
+        ModelCard(id=adapter.name, created=context.created, root=adapter.path,
+                  parent=adapter.base_model_name or names[0], max_model_len=engine.max_model_len)
+        for adapter in context.lora_adapters()
+    ]
+    return cards
 
 
 @router.get("/v1/models")
 async def list_models(context: Context) -> ModelList:
-    """The served model names (aliases such as "default" are accepted but not listed)."""
+    """The served model names, then each LoRA adapter (`parent` = its base model, `root` = its
+    folder); aliases such as "default" are accepted but not listed."""
     return ModelList(data=_cards(context))
 
 

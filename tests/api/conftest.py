@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -29,8 +29,10 @@ def server_config() -> ServerConfig:
 
 
 @pytest.fixture
-def app(engine: FakeEngine, server_config: ServerConfig) -> FastAPI:
-    return create_app(engine, server_config)
+def app(engine: FakeEngine, server_config: ServerConfig) -> Iterator[FastAPI]:
+    app = create_app(engine, server_config)
+    yield app
+    app.state.responses.store.close()
 
 
 @pytest.fixture

@@ -1,0 +1,226 @@
+"""Engine text deltas of one response -> its output items, and the stream events that build them.
+
+The same builder serves whole and streamed answers (a whole answer drops the events), so both
+have the same items for the same engine deltas. Items are opened in output order and each is
+closed before the next one opens: text becomes a `message` item (one output_text part), each
+parsed tool call a `function_call` item. Text written after a call opens a new message item.
+Every item gets its added ... done events, also one that ends with no delta; a response with no
+output at all gets one empty message, so that it always has an item.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from api.protocol.responses_events import (
+    ContentPartEvent,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemEvent,
+    OutputTextDelta,
+    OutputTextDone,
+    StreamEvent,
+)
+from api.protocol.responses_object import FunctionCall, ItemStatus, OutputItem, OutputMessage, OutputText
+from api.tool_choice import ToolCalling
+from api.tool_stream import ToolCallStream
+from toolparsers import ToolCallDelta
+
+
+class EventCounter:
+    """Hands out the `sequence_number`s of one response's events: 0, 1, 2, ..."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def next(self) -> int:
+        """The next sequence number."""
+        number = self._next
+        self._next += 1
+        return number
+
+
+@dataclass(slots=True)
+class _OpenMessage:
+    id: str
+    output_index: int
+    texts: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _OpenCall:
+    item: FunctionCall
+    output_index: int
+    arguments: list[str] = field(default_factory=list)
+    has_arguments: bool = False
+
+
+class ResponseOutputBuilder:
+    """The output of one response: `feed` every engine text delta, then `finish` once.
+
+    `tool_calling` None: all text is message content. Otherwise text goes through the tool parser
+    (`api/tool_stream.py`), whose complete calls become function_call items.
+    """
+
+    def __init__(self, tool_calling: ToolCalling | None, counter: EventCounter) -> None:
+        self.items: list[OutputItem] = []
+        self._seq = counter
+        self._calls = ToolCallStream(tool_calling.new_parser()) if tool_calling is not None else None
+        self._open: _OpenMessage | _OpenCall | None = None
+
+    def feed(self, text: str, final: bool = False) -> list[StreamEvent]:
+        """Events for the next text delta (`final`: the last one; the parser flushes what it holds)."""
+        if self._calls is None:
+            return self._text(text) if text else []
+        result = self._calls.parse(text, final)
+        events = self._text(result.content) if result.content else []
+        for piece in result.deltas:
+            events.extend(self._call_piece(piece))
+        if isinstance(self._open, _OpenCall) and self._open.has_arguments:
+            events.extend(self._close("completed"))  # the parser sends a call only once it is whole
+        return events
+
+    def finish(self, incomplete: bool = False) -> list[StreamEvent]:
+        """Close the open item (status "incomplete" when the output was cut); add an empty message
+        when there is no item at all."""
+        if not self.items and self._open is None:
+            events = self._open_message()
+        else:
+            events = []
+        events.extend(self._close("incomplete" if incomplete else "completed"))
+        return events
+
+    def abandon(self) -> list[StreamEvent]:
+        """Close the open item as "incomplete" after a failure (its added event has its done event)."""
+        return self._close("incomplete")
+
+    def _text(self, text: str) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        if not isinstance(self._open, _OpenMessage):
+            if self.items or self._open is not None:
+                text = text.lstrip("\n")  # the parser joins text around a call with "\n"
+                if not text:
+                    return []
+            events.extend(self._close("completed"))
+            events.extend(self._open_message())
+        message = self._open
+        assert isinstance(message, _OpenMessage)
+        message.texts.append(text)
+        events.append(
+            OutputTextDelta(
+                sequence_number=self._seq.next(),
+                item_id=message.id,
+                output_index=message.output_index,
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
+    def _open_message(self) -> list[StreamEvent]:
+        message = _OpenMessage(id=f"msg_{uuid.uuid4().hex}", output_index=len(self.items))
+        self._open = message
+        item = OutputMessage(id=message.id, status="in_progress", content=[])
+        return [
+            OutputItemEvent(
+                type="response.output_item.added",
+                sequence_number=self._seq.next(),
+                output_index=message.output_index,
+                item=item,
+            ),
+            ContentPartEvent(
+                type="response.content_part.added",
+                sequence_number=self._seq.next(),
+                item_id=message.id,
+                output_index=message.output_index,
+                content_index=0,
+                part=OutputText(text=""),
+            ),
+        ]
+
+    def _call_piece(self, piece: ToolCallDelta) -> list[StreamEvent]:
+        if piece.id is None:
+            call = self._open
+            assert isinstance(call, _OpenCall), "arguments of a call that was not opened"
+            call.has_arguments = True
+            if not piece.arguments_delta:
+                return []
+            call.arguments.append(piece.arguments_delta)
+            return [
+                FunctionCallArgumentsDelta(
+                    sequence_number=self._seq.next(),
+                    item_id=call.item.id,
+                    output_index=call.output_index,
+                    delta=piece.arguments_delta,
+                )
+            ]
+        events = self._close("completed")
+        item = FunctionCall(
+            id=f"fc_{uuid.uuid4().hex}",
+            call_id=piece.id,
+            name=piece.name or "",
+            arguments="",
+            status="in_progress",
+        )
+        self._open = _OpenCall(item=item, output_index=len(self.items), arguments=[piece.arguments_delta])
+        events.append(
+            OutputItemEvent(
+                type="response.output_item.added",
+                sequence_number=self._seq.next(),
+                output_index=len(self.items),
+                item=item,
+            )
+        )
+        return events
+
+    def _close(self, status: ItemStatus) -> list[StreamEvent]:
+        opened, self._open = self._open, None
+        if opened is None:
+            return []
+        if isinstance(opened, _OpenMessage):
+            return self._close_message(opened, status)
+        arguments = "".join(opened.arguments)
+        item = opened.item.model_copy(update={"arguments": arguments, "status": status})
+        self.items.append(item)
+        done = FunctionCallArgumentsDone(
+            sequence_number=self._seq.next(),
+            item_id=item.id,
+            output_index=opened.output_index,
+            name=item.name,
+            arguments=arguments,
+        )
+        return [done, self._item_done(opened.output_index, item)]
+
+    def _close_message(self, message: _OpenMessage, status: ItemStatus) -> list[StreamEvent]:
+        text = "".join(message.texts)
+        part = OutputText(text=text)
+        item = OutputMessage(id=message.id, status=status, content=[part])
+        self.items.append(item)
+        item_id, output_index = message.id, message.output_index
+        return [
+            OutputTextDone(
+                sequence_number=self._seq.next(),
+                item_id=item_id,
+                output_index=output_index,
+                content_index=0,
+                text=text,
+            ),
+            ContentPartEvent(
+                type="response.content_part.done",
+                sequence_number=self._seq.next(),
+                item_id=item_id,
+                output_index=output_index,
+                content_index=0,
+                part=part,
+            ),
+            self._item_done(message.output_index, item),
+        ]
+
+    def _item_done(self, output_index: int, item: OutputItem) -> OutputItemEvent:
+        return OutputItemEvent(
+            type="response.output_item.done",
+            sequence_number=self._seq.next(),
+            output_index=output_index,
+            item=item,
+        )

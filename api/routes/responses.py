@@ -1,0 +1,175 @@
+"""POST /v1/responses; GET and DELETE /v1/responses/{id}; POST /v1/responses/{id}/cancel;
+GET /v1/responses/{id}/input_items.
+
+A response runs through the same code as a chat completion (`api/chat_generation.py`): its
+conversation becomes chat messages, its tools and text.format chat-shaped constraints.
+"""
+
+from __future__ import annotations
+
+import uuid
+from functools import partial
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.responses import Response
+
+from api.auth import require_api_key
+from api.chat_generation import ChatInputs, prepare_chat_generation
+from api.chat_render import RenderOptions
+from api.context import Context
+from api.errors import InvalidRequest, NotSupported, PreviousResponseNotFound, ResponseNotFound
+from api.grammar_from_request import grammar_errors_name
+from api.protocol.responses_object import InputItemList, ResponseDeleted
+from api.protocol.responses_request import ResponsesRequest
+from api.request_body import read_body
+from api.responses_background import run_in_background
+from api.responses_input import build_conversation
+from api.responses_run import ResponseRun, initial_response, items_json
+from api.responses_state import Responses
+from api.responses_store import StoredResponse
+from api.responses_stream import response_events, whole_response
+from api.responses_tools import chat_tools, responses_constraints, responses_sampling
+from api.serving import respond
+from api.sse import sse_typed_events
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+_JSON = "application/json"
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request, context: Context, responses: Responses) -> Response:
+    """Generate a response: whole (JSON), streamed (SSE events) or in the background (queued)."""
+    body = await read_body(request, ResponsesRequest)
+    _check_modes(body)
+    model = context.resolve_model(body.model)
+    history = []
+    if body.previous_response_id is not None:
+        found = await responses.store.history(body.previous_response_id)
+        if found is None:
+            raise PreviousResponseNotFound(
+                f"Previous response with id '{body.previous_response_id}' not found.",
+                param="previous_response_id",
+            )
+        history = found
+    conversation = build_conversation(body, history)
+    response_id = f"resp_{uuid.uuid4().hex}"
+    render = RenderOptions(
+        chat_template=context.config.chat_template,
+        tool_call_parser=context.config.tool_call_parser,
+        prompt_param="input",
+    )
+    inputs = ChatInputs(
+        messages=conversation.messages,
+        tools=chat_tools(body),
+        render=render,
+        requested_max_tokens=body.max_output_tokens,
+        constraints=partial(responses_constraints, body, context.config),
+        sampling=partial(responses_sampling, body),
+    )
+    generation = await prepare_chat_generation(context, response_id, model, inputs)
+    run = ResponseRun(
+        initial=initial_response(body, response_id, model.name),
+        input_items_json=items_json(conversation.input_items),
+        tool_calling=generation.constraints.tool_calling,
+        store=responses.store if body.store is not False else None,
+    )
+    if body.background:
+        queued = run.snapshot("queued")
+        await run.save(queued)
+        responses.background.start(
+            response_id, run_in_background(context.engine, generation.engine_request, run)
+        )
+        return Response(queued.model_dump_json(), media_type=_JSON)
+    with grammar_errors_name(generation.constraints.grammar):
+        return await respond(
+            request,
+            context,
+            [generation.engine_request],
+            bool(body.stream),
+            chunks=partial(response_events, run=run),
+            whole=partial(whole_response, run=run),
+            sse=sse_typed_events,
+        )
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, responses: Responses) -> Response:
+    """The stored response object (404 when it was not stored or was deleted)."""
+    stored = await _stored(responses, response_id)
+    return Response(stored.response_json, media_type=_JSON)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, responses: Responses) -> ResponseDeleted:
+    """Delete a stored response (a running background one is cancelled first)."""
+    await responses.background.cancel(response_id)
+    if not await responses.store.delete(response_id):
+        raise _not_found(response_id)
+    return ResponseDeleted(id=response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, responses: Responses) -> Response:
+    """Cancel a background response; a finished one is returned unchanged."""
+    stored = await _stored(responses, response_id)
+    if not stored.background:
+        raise InvalidRequest(
+            "Only responses created with background: true can be cancelled.", param="response_id"
+        )
+    if await responses.background.cancel(response_id):
+        stored = await _stored(responses, response_id)
+    return Response(stored.response_json, media_type=_JSON)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    responses: Responses,
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    include: Annotated[list[str] | None, Query()] = None,
+) -> InputItemList:
+    """A page of the response's input items: `limit` items after the item `after`, in `order`
+    (`include` is accepted and ignored: the items have nothing to add)."""
+    stored = await _stored(responses, response_id)
+    items = stored.input_items()
+    if order == "desc":
+        items.reverse()
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in items]
+        if after not in ids:
+            raise InvalidRequest(
+                f"No input item with id '{after}' in response '{response_id}'.", param="after"
+            )
+        start = ids.index(after) + 1
+    page = items[start : start + limit]
+    return InputItemList(
+        data=page,
+        first_id=page[0]["id"] if page else None,
+        last_id=page[-1]["id"] if page else None,
+        has_more=start + limit < len(items),
+    )
+
+
+def _check_modes(body: ResponsesRequest) -> None:
+    if body.background and body.stream:
+        raise NotSupported(
+            "background responses cannot be streamed here; poll GET /v1/responses/{id}", param="stream"
+        )
+    if body.background and body.store is False:
+        raise InvalidRequest("background responses must be stored: send store true", param="store")
+
+
+async def _stored(responses: Responses, response_id: str) -> StoredResponse:
+    stored = await responses.store.get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return stored
+
+
+def _not_found(response_id: str) -> ResponseNotFound:
+    return ResponseNotFound(f"Response with id '{response_id}' not found.", param="response_id")
