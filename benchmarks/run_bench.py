@@ -113,6 +113,7 @@ def main() -> None:
                 warm = statistics.median(r["ttft_repeated_p50_ms"] for r in runs)
                 entry.update(ttft_cold_ms=cold, ttft_warm_ms=warm, warm_over_cold=round(warm / cold, 3))
             figures[name] = entry
+            print(json.dumps({name: entry}), file=sys.stderr, flush=True)
     finally:
         server.terminate()
         server.wait(timeout=60)
