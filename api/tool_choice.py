@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from api.config import ServerConfig
 from api.errors import InvalidRequest, NotSupported
@@ -146,9 +147,28 @@ def tool_spec(tool: Tool, parameters_param: str) -> ToolSpec:
     return ToolSpec(
         name=function.name,
         description=function.description or "",
-        parameters=function.parameters,
+        parameters=_closed_if_parameterless(function.parameters),
         strict=bool(function.strict),
     )
+
+
+# Keys that leave an object schema without any parameter (and without a way to add one).
+_PARAMETERLESS_KEYS = frozenset({"type", "properties", "required", "title", "description", "$schema"})
+
+
+def _closed_if_parameterless(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with `additionalProperties: false` when it declares no parameter at all
+    (`{"type": "object", "properties": {}}`, the usual way to write a function without arguments):
+    the call then takes only `{}`, as when `parameters` is left out. Left open, the grammar lets
+    the model invent keys until max_tokens cuts the call (case 004)."""
+    if (
+        schema.get("type", "object") == "object"
+        and not schema.get("properties")
+        and not schema.get("required")
+        and set(schema) <= _PARAMETERLESS_KEYS
+    ):
+        return {**schema, "type": "object", "properties": {}, "additionalProperties": False}
+    return schema
 
 
 def sampling_for_tools(constraints: ChatConstraints, params: SamplingParams) -> SamplingParams:

@@ -18,6 +18,8 @@ from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.stats import EngineStats
 from engine.threads import configure_threads
+from lora.errors import LoraNotEnabled
+from lora.registry import LoraAdapterInfo
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +121,30 @@ class AsyncEngine:
                 self._streams.pop(request.request_id, None)
             if not finished:
                 self._inbox.put(("abort", request.request_id))
+
+    @property
+    def lora_enabled(self) -> bool:
+        """True when the engine serves LoRA adapters (--enable-lora)."""
+        return self.engine.lora is not None
+
+    def lora_adapters(self) -> list[LoraAdapterInfo]:
+        """The loaded LoRA adapters in load order (empty when LoRA is off); any thread."""
+        lora = self.engine.lora
+        return [] if lora is None else lora.registry.adapters()
+
+    async def load_lora_adapter(self, name: str, path: str, replace: bool = False) -> LoraAdapterInfo:
+        """Read and validate the PEFT folder `path` in a worker thread and serve it as `name`.
+        Raises LoraNotEnabled, InvalidLoraAdapter, LoraAdapterExists (unless `replace`)."""
+        if self.engine.lora is None:
+            raise LoraNotEnabled("LoRA is off; start the server with --enable-lora")
+        return await asyncio.to_thread(self.engine.lora.registry.load, name, path, None, replace)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Stop accepting `name` at once; returns when no request uses it any more (running ones
+        finish on its weights). Raises LoraNotEnabled, LoraAdapterNotFound."""
+        if self.engine.lora is None:
+            raise LoraNotEnabled("LoRA is off; start the server with --enable-lora")
+        await asyncio.wrap_future(self.engine.lora.registry.unload(name))
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; its blocks are freed before the next step."""

@@ -95,8 +95,15 @@ class Scheduler:
                 idx += 1
         if not out.preempted:
             budget = self._schedule_waiting(out, budget)
-        out.scheduled.sort(key=lambda s: s.num_scheduled_tokens != 1)
+        out.scheduled.sort(key=self._batch_order)
         return out
+
+    def _batch_order(self, item: ScheduledSeq) -> tuple[bool, int]:
+        """Decodes first (paged attention wants them leading), then by LoRA slot, so each
+        adapter's tokens are at most two contiguous runs (lora/batch.py slices instead of gathering)."""
+        lora = self.lora
+        slot = lora.slot_of(item.seq.adapter_id) if lora is not None and item.seq.adapter_id else -1
+        return item.num_scheduled_tokens != 1, slot
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         skipped: list[Sequence] = []

@@ -1,5 +1,8 @@
 """Triton kernels, each beside the pure-torch reference that CPU runs use."""
 
+from kernels.lora_expand import lora_expand, lora_expand_ref, lora_expand_triton
+from kernels.lora_index import LoraTokenIndex, lora_token_index
+from kernels.lora_shrink import lora_shrink, lora_shrink_ref, lora_shrink_triton
 from kernels.paged_attention import (
     paged_attention,
     paged_attention_ref,
@@ -10,6 +13,14 @@ from kernels.paged_attention import (
 )
 
 __all__ = [
+    "LoraTokenIndex",
+    "lora_expand",
+    "lora_expand_ref",
+    "lora_expand_triton",
+    "lora_shrink",
+    "lora_shrink_ref",
+    "lora_shrink_triton",
+    "lora_token_index",
     "paged_attention",
     "paged_attention_ref",
     "paged_attention_triton",

