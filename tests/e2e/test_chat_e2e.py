@@ -137,6 +137,9 @@ def test_disconnect_mid_stream_frees_blocks(server):
                 seen += 1
             if seen >= 5:
                 break
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and metric(server, "num_requests_running") < 1:
+            time.sleep(0.1)
         assert metric(server, "num_requests_running") >= 1
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and metric(server, "num_requests_running") > 0:
