@@ -132,7 +132,8 @@ def test_disconnect_mid_stream_frees_blocks(server):
             "min_tokens": 2000, "temperature": 0}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
         seen = 0
-        for line in r.iter_lines():
+        lines = r.iter_lines()          # held: a dropped iterator closes the connection at once
+        for line in lines:
             if line.startswith("data:"):
                 seen += 1
             if seen >= 5:
@@ -141,6 +142,7 @@ def test_disconnect_mid_stream_frees_blocks(server):
         while time.monotonic() < deadline and metric(server, "num_requests_running") < 1:
             time.sleep(0.1)
         assert metric(server, "num_requests_running") >= 1
+        lines.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and metric(server, "num_requests_running") > 0:
         time.sleep(0.1)
