@@ -6,7 +6,8 @@ Makes an HF float32 copy of the SmolLM2 GGUF (transformers) and 4 peft adapters 
 A, B ~ N(0, 0.08), rank --rank on --targets), starts `structserve serve --enable-lora --max-loras 4`
 on a free loopback port, then runs each scenario `--repeats` times, interleaved (median reported).
 Every request has a unique prompt (no prefix-cache hits) and forced output length (ignore_eos).
-Not a test: figures depend on the machine. Traffic goes only to 127.0.0.1.
+`--in-process` steps an LLMEngine directly instead (no HTTP) and, on a CPU, divides by the engine
+thread's CPU time, which a busy shared machine disturbs far less than wall time. Not a test: figures depend on the machine. Traffic goes only to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -114,27 +115,75 @@ async def run_load(url: str, models: list[str], concurrency: int, max_tokens: in
         return sum(tokens) / (time.perf_counter() - start)
 
 
-async def bench(args: argparse.Namespace, url: str, num_adapters: int) -> dict[str, object]:
-    """Warm up, run the three scenarios `args.repeats` times interleaved; the JSON figures."""
-    scenarios = {
-        "base": ["base"] * args.requests,
-        "one_adapter": ["ad0"] * args.requests,
-        f"{num_adapters}_adapters": [f"ad{i % num_adapters}" for i in range(args.requests)],
-    }
-    await run_load(url, [m for ms in scenarios.values() for m in ms[:4]], 12, 8, "warmup")
-    figures: dict[str, list[float]] = {name: [] for name in scenarios}
-    for repeat in range(args.repeats):
-        for name, models in scenarios.items():
-            figures[name].append(await run_load(url, models, args.concurrency, args.max_tokens, f"{name}{repeat}"))
-    medians = {f"{name}_tok_s": round(statistics.median(v), 1) for name, v in figures.items()}
-    base = medians["base_tok_s"]
+def scenarios(requests: int, num_adapters: int) -> dict[str, list[str]]:
+    """Scenario name -> the `model` of each request ("base" = the base model)."""
     return {
-        "bench": "lora", "concurrency": args.concurrency, "requests": args.requests, "max_tokens": args.max_tokens,
-        "rank": args.rank, "targets": args.targets, "repeats": args.repeats, **medians,
-        f"{num_adapters}_adapters_vs_base": round(medians[f"{num_adapters}_adapters_tok_s"] / base, 3),
-        "one_adapter_vs_base": round(medians["one_adapter_tok_s"] / base, 3),
+        "base": ["base"] * requests,
+        "one_adapter": ["ad0"] * requests,
+        f"{num_adapters}_adapters": [f"ad{i % num_adapters}" for i in range(requests)],
+    }
+
+
+def summary(args: argparse.Namespace, figures: dict[str, list[float]], mode: str) -> dict[str, object]:
+    """The JSON line: median tok/s per scenario and each one's ratio to the base model."""
+    medians = {name: statistics.median(values) for name, values in figures.items()}
+    return {
+        "bench": "lora", "mode": mode, "concurrency": args.concurrency, "requests": args.requests,
+        "max_tokens": args.max_tokens, "rank": args.rank, "targets": args.targets, "repeats": args.repeats,
+        **{f"{name}_tok_s": round(value, 1) for name, value in medians.items()},
+        **{f"{name}_vs_base": round(value / medians["base"], 3) for name, value in medians.items() if name != "base"},
         "runs": {name: [round(v, 1) for v in values] for name, values in figures.items()},
     }
+
+
+async def bench(args: argparse.Namespace, url: str, num_adapters: int) -> dict[str, object]:
+    """Warm up, run the three scenarios `args.repeats` times interleaved; the JSON figures."""
+    loads = scenarios(args.requests, num_adapters)
+    await run_load(url, [m for ms in loads.values() for m in ms[:4]], 12, 8, "warmup")
+    figures: dict[str, list[float]] = {name: [] for name in loads}
+    for repeat in range(args.repeats):
+        for name, models in loads.items():
+            figures[name].append(await run_load(url, models, args.concurrency, args.max_tokens, f"{name}{repeat}"))
+    return summary(args, figures, "server")
+
+
+def bench_in_process(args: argparse.Namespace, gguf: Path, folders: list[Path]) -> dict[str, object]:
+    """The scenarios on an LLMEngine in this process, no HTTP (max_num_seqs = concurrency): output
+    tokens per second of this thread's CPU time on a CPU (other processes on a shared machine
+    disturb it far less than wall time), of wall time on CUDA."""
+    import torch
+
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.model_loader import load_model
+    from engine.request import EngineRequest
+    from engine.sampling_params import SamplingParams
+    from engine.threads import configure_threads
+    from lora.config import LoraConfig, LoraModuleSpec
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    loaded = load_model(str(gguf), dtype, device, 1024)
+    configure_threads(None, loaded.arch.hidden_size, loaded.arch.intermediate_size)   # as the server does
+    lora = LoraConfig(max_loras=len(folders), max_lora_rank=args.rank,
+                      modules=tuple(LoraModuleSpec(f"ad{i}", str(f)) for i, f in enumerate(folders)))
+    config = EngineConfig(max_num_seqs=args.concurrency, kv_cache_memory_bytes=1024**3, lora=lora)
+    engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, 1024)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    clock = time.perf_counter if device.type == "cuda" else time.thread_time
+    figures: dict[str, list[float]] = {name: [] for name in scenarios(1, len(folders))}
+    for repeat in range(args.repeats + 1):                          # the first round warms up
+        for name, models in scenarios(args.requests, len(folders)).items():
+            for i, model in enumerate(models):
+                prompt = loaded.tokenizer.encode(f"[{name}{repeat}-{i}] Write a short story about request {i}.")
+                engine.add_request(EngineRequest(f"{name}{repeat}-{i}", prompt, params,
+                                                 lora_name=None if model == "base" else model))
+            start, tokens = clock(), 0
+            while engine.has_work():
+                tokens += sum(len(d.token_ids) for out in engine.step() for d in out.deltas)
+            if repeat:
+                figures[name].append(tokens / (clock() - start))
+    return summary(args, figures, f"in_process_{device.type}")
 
 
 def main() -> None:
@@ -148,9 +197,14 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--server-args", default="", help="extra `serve` flags, e.g. '--device cuda'")
+    parser.add_argument("--in-process", action="store_true",
+                        help="step an LLMEngine here and count its thread CPU time (no server, no HTTP)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lora_bench_") as tmp:
         gguf, folders = make_adapters(Path(tmp), args.adapters, args.rank, args.targets.split(","))
+        if args.in_process:
+            print(json.dumps(bench_in_process(args, gguf, folders)))
+            return
         url, proc = start_server(gguf, folders, args.rank, args.server_args.split(), Path(tmp) / "server.log")
         try:
             asyncio.run(wait_healthy(url, proc))

@@ -35,8 +35,13 @@ def lora_expand_ref(
     if index.num_lora_tokens == 0:
         return
     s = s.to(lora_b.dtype)
+    shape = (index.num_slots, index.max_tokens_per_slot, -1)
+    if index.row_offset is not None and lora_b.dtype == y.dtype:    # rows are a slice of y's tokens
+        offset = index.row_offset
+        y[offset:offset + index.num_rows].view(shape).baddbmm_(s.view(shape), lora_b.transpose(1, 2), alpha=scaling)
+        return
     if index.padded:   # padding rows of s are zero: they add nothing to token 0
-        delta = torch.bmm(s.view(index.num_slots, index.max_tokens_per_slot, -1), lora_b.transpose(1, 2))
+        delta = torch.bmm(s.view(shape), lora_b.transpose(1, 2))
         y.index_add_(0, index.row_token_idx, delta.view(index.num_rows, -1).to(y.dtype), alpha=scaling)
         return
     if index.contiguous and lora_b.dtype == y.dtype:

@@ -32,13 +32,17 @@ class LoraTokenIndex:
     row_token_idx: int64 `[num_rows]`, the token of each shrink-output row (padding rows: 0).
     slot_start, slot_count: int32 `[num_slots]`; slot `s` owns rows
         `slot_start[s] : slot_start[s] + slot_count[s]`, its tokens in token order.
-    row_valid: float32 `[num_rows, 1]`, 1 for real rows, 0 for padding (padded layout only).
+    row_valid: float32 `[num_rows, 1]`, 1 for real rows, 0 for padding (padded layout, unless
+        `row_offset` is set).
     slot_start_list, slot_count_list: the same numbers as Python ints.
     segments: maximal runs of consecutive tokens of one slot as (slot, token_start, token_end,
         row_start), compact layout only; with the batch ordered by slot (the scheduler does so)
         there are at most two per slot and the CPU path slices instead of gathering.
     num_tokens: rows of the activations (`x`, `y`); num_rows: rows of the shrink output.
     padded: which layout; max_tokens_per_slot: largest slot_count (sizes the Triton grid).
+    row_offset: `t0` when row `r` is token `t0 + r` for every row (padded layout without padding
+        rows, tokens ordered by slot: a balanced decode batch); the CPU path then reads and
+        writes `x`/`y` views with no gather or scatter. None otherwise.
     """
 
     token_slots: torch.Tensor
@@ -53,6 +57,7 @@ class LoraTokenIndex:
     num_rows: int
     padded: bool
     max_tokens_per_slot: int
+    row_offset: int | None = None
 
     @property
     def num_slots(self) -> int:
@@ -106,8 +111,11 @@ def lora_token_index(
             last[2] += n
         else:
             segments.append([slot, token, token + n, row])
+    row_offset = None
+    if padded and row_token and row_token == list(range(row_token[0], row_token[0] + len(row_token))):
+        row_offset = row_token[0]      # no padding row either: padding rows point at token 0
     row_valid = None
-    if padded:
+    if padded and row_offset is None:
         valid = torch.zeros(len(row_token), 1)
         for slot in range(num_slots):
             valid[starts[slot]:starts[slot] + counts[slot]] = 1.0
@@ -128,6 +136,7 @@ def lora_token_index(
         num_rows=len(row_token),
         padded=padded,
         max_tokens_per_slot=max_count,
+        row_offset=row_offset,
     )
 
 

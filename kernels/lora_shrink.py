@@ -33,10 +33,11 @@ def lora_shrink_ref(
     `i < slot_count[s]`; padding rows are zero."""
     rank = lora_a.shape[1]
     if index.padded:
-        xs = x.index_select(0, index.row_token_idx).view(index.num_slots, index.max_tokens_per_slot, -1)
+        offset = index.row_offset
+        xs = x[offset:offset + index.num_rows] if offset is not None else x.index_select(0, index.row_token_idx)
+        xs = xs.view(index.num_slots, index.max_tokens_per_slot, -1)
         out = torch.bmm(xs, lora_a.transpose(1, 2)).view(index.num_rows, rank).to(torch.float32)
-        assert index.row_valid is not None
-        return out.mul_(index.row_valid)
+        return out if index.row_valid is None else out.mul_(index.row_valid)
     out = torch.empty(index.num_rows, rank, dtype=torch.float32, device=x.device)
     if index.num_rows == 0:
         return out
