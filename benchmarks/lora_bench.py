@@ -6,8 +6,9 @@ Makes an HF float32 copy of the SmolLM2 GGUF (transformers) and 4 peft adapters 
 A, B ~ N(0, 0.08), rank --rank on --targets), starts `structserve serve --enable-lora --max-loras 4`
 on a free loopback port, then runs each scenario `--repeats` times, interleaved (median reported).
 Every request has a unique prompt (no prefix-cache hits) and forced output length (ignore_eos).
-`--in-process` steps an LLMEngine directly instead (no HTTP) and, on a CPU, divides by the engine
-thread's CPU time, which a busy shared machine disturbs far less than wall time. Not a test: figures depend on the machine. Traffic goes only to 127.0.0.1.
+`--in-process` steps an LLMEngine directly instead (no HTTP) and, on a CPU, divides by the
+process's CPU time, which a busy shared machine disturbs far less than wall time.
+Not a test: figures depend on the machine. Traffic goes only to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ async def bench(args: argparse.Namespace, url: str, num_adapters: int) -> dict[s
 
 def bench_in_process(args: argparse.Namespace, gguf: Path, folders: list[Path]) -> dict[str, object]:
     """The scenarios on an LLMEngine in this process, no HTTP (max_num_seqs = concurrency): output
-    tokens per second of this thread's CPU time on a CPU (other processes on a shared machine
+    tokens per second of this process's CPU time on a CPU (other processes on a shared machine
     disturb it far less than wall time), of wall time on CUDA."""
     import torch
 
@@ -170,7 +171,7 @@ def bench_in_process(args: argparse.Namespace, gguf: Path, folders: list[Path]) 
     config = EngineConfig(max_num_seqs=args.concurrency, kv_cache_memory_bytes=1024**3, lora=lora)
     engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, 1024)
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    clock = time.perf_counter if device.type == "cuda" else time.thread_time
+    clock = time.perf_counter if device.type == "cuda" else time.process_time
     figures: dict[str, list[float]] = {name: [] for name in scenarios(1, len(folders))}
     for repeat in range(args.repeats + 1):                          # the first round warms up
         for name, models in scenarios(args.requests, len(folders)).items():
