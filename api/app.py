@@ -6,11 +6,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from api.config import ServerConfig
 from api.context import EngineClient, ServerContext
+from api.draining import DrainMiddleware, DrainState
 from api.errors import install_error_handlers
+from api.metrics import ServingMetrics
 from api.middleware import RequestIdMiddleware
+from api.request_log import RequestLogMiddleware
 from api.responses_state import ResponsesState
 from api.responses_store import ResponsesStore
 from api.routes import chat, completions, health, lora, metrics, models, responses, tokenize
@@ -18,7 +22,10 @@ from api.routes import chat, completions, health, lora, metrics, models, respons
 
 def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     """Build the app around a started engine: OpenAI routes under /v1 (API key when configured),
-    /tokenize, /detokenize, /health, /version; OpenAI error bodies; x-request-id on every response.
+    /tokenize, /detokenize, /health, /version; OpenAI error bodies; x-request-id on every response;
+    503 for new requests once `app.state.drain` drains (`api/shutdown.py`); /metrics from
+    `app.state.metrics` (`api/metrics.py`); one log line per generation request (`api/request_log.py`);
+    CORS only when `server_config.allowed_origins` is set.
 
     Opens the responses store (`server_config.responses_db`; raises sqlite3.Error / OSError when it
     cannot). The app does not own the engine: whoever started it shuts it down. At shutdown the
@@ -36,8 +43,20 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     app = FastAPI(title="structserve", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.context = ServerContext(engine=engine, config=server_config)
     app.state.responses = state
+    app.state.drain = DrainState()
+    app.state.metrics = ServingMetrics(engine, app.state.context.served_model_names[0])
     for module in (chat, completions, responses, models, tokenize, health, metrics, lora):
         app.include_router(module.router)
     install_error_handlers(app)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)   # inside RequestIdMiddleware: 503s get an id
+    app.add_middleware(RequestLogMiddleware)   # inside RequestIdMiddleware (reads its id), outside the drain
     app.add_middleware(RequestIdMiddleware)
+    if server_config.allowed_origins:   # outermost: preflights are answered before anything else runs
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(server_config.allowed_origins),
+            allow_methods=list(server_config.allowed_methods),
+            allow_headers=list(server_config.allowed_headers),
+            allow_credentials=server_config.allow_credentials,
+        )
     return app

@@ -1,4 +1,4 @@
-"""API-key check for /v1/* (`--api-key`)."""
+"""API-key checks: /v1/* (`--api-key`) and, with `--protect-metrics`, /metrics. /health stays open."""
 
 from __future__ import annotations
 
@@ -21,3 +21,12 @@ async def require_api_key(request: Request, context: Context) -> None:
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
         raise AuthenticationFailed("Incorrect or missing API key; send 'Authorization: Bearer <key>'.")
+
+
+async def require_metrics_key(request: Request, context: Context) -> None:
+    """FastAPI dependency of /metrics: `require_api_key` when `protect_metrics` is set, else open.
+
+    Raises AuthenticationFailed (401).
+    """
+    if context.config.protect_metrics:
+        await require_api_key(request, context)

@@ -18,7 +18,7 @@ from api.protocol.chat_response import (
 from api.protocol.common import Usage
 from api.protocol.logprobs import ChoiceLogprobs
 from api.response_meta import ResponseMeta
-from api.tool_calls import finish_reason_with_calls, split_tool_calls
+from api.tool_calls import ToolCallObserver, finish_reason_with_calls, split_tool_calls
 from api.tool_choice import ToolCalling
 from api.tool_stream import ToolCallStream
 from engine.request import CompletionDelta, RequestOutput, TokenLogprob
@@ -29,13 +29,15 @@ Outputs = AsyncIterator[tuple[int, RequestOutput]]
 @dataclass(frozen=True, slots=True)
 class ChatOutputOptions:
     """`n` choices; logprobs wanted; usage chunk at the end; running usage on every chunk;
-    `tool_calling`: parse each choice's text into content and tool calls (None: all content)."""
+    `tool_calling`: parse each choice's text into content and tool calls (None: all content);
+    `on_tool_calls`: sees the parsed calls (metrics)."""
 
     n: int = 1
     logprobs: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
     tool_calling: ToolCalling | None = None
+    on_tool_calls: ToolCallObserver | None = None
 
 
 def usage_of(out: RequestOutput) -> Usage:
@@ -71,7 +73,11 @@ async def chat_chunks(
     for index in range(options.n):
         yield chunk(index, DeltaMessage(role="assistant", content=""))
     tool_calling = options.tool_calling
-    streams = [ToolCallStream(tool_calling.new_parser()) for _ in range(options.n)] if tool_calling else None
+    streams = (
+        [ToolCallStream(tool_calling.new_parser(), options.on_tool_calls) for _ in range(options.n)]
+        if tool_calling
+        else None
+    )
     last: RequestOutput | None = None
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for _, out in outputs:
@@ -121,7 +127,7 @@ async def chat_completion(
             last = out
     assert last is not None, "a started stream has at least one output"
     choices = [
-        _whole_choice(i, "".join(texts[i]), finish_reasons[i], options.tool_calling) for i in range(options.n)
+        _whole_choice(i, "".join(texts[i]), finish_reasons[i], options) for i in range(options.n)
     ]
     if options.logprobs:
         choices = [c.model_copy(update={"logprobs": fmt.chat(logprobs[c.index])}) for c in choices]
@@ -131,13 +137,14 @@ async def chat_completion(
 
 
 def _whole_choice(
-    index: int, text: str, finish_reason: str | None, tool_calling: ToolCalling | None
+    index: int, text: str, finish_reason: str | None, options: ChatOutputOptions
 ) -> ChatCompletionChoice:
     """One choice of a whole answer; with tool calling, `text` split into content and tool calls."""
+    tool_calling = options.tool_calling
     if tool_calling is None:
         message = ChatCompletionMessage(content=text)
     else:
-        content, calls = split_tool_calls(tool_calling.new_parser(), text)
+        content, calls = split_tool_calls(tool_calling.new_parser(), text, options.on_tool_calls)
         message = ChatCompletionMessage(content=content, tool_calls=calls or None)
         finish_reason = finish_reason_with_calls(finish_reason, bool(calls))
     return ChatCompletionChoice(index=index, message=message, finish_reason=finish_reason)

@@ -13,10 +13,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from api.access_cli import access_options_from_args, add_access_arguments
 from api.config import ServerConfig
 from api.lora_cli import add_lora_arguments, lora_config_from_args
 from constrained import GrammarConfig
-from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, EngineConfig
+from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
 from engine.errors import EngineError
 from lora.errors import LoraError
 from toolparsers import TOOL_PARSERS
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence, prompt + output")
     serve.add_argument("--max-num-seqs", type=int, default=64)
     serve.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    serve.add_argument(
+        "--long-prefill-token-threshold", type=int, default=None,
+        help="most prompt tokens one sequence prefills per step (0: no cap; default 256 on CPU, none on CUDA)",
+    )
     serve.add_argument("--block-size", type=int, default=16)
     serve.add_argument(
         "--kv-cache-memory",
@@ -129,12 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: measured)")
     serve.add_argument(
-        "--max-waiting-requests", type=int, default=1024, help="queued requests beyond which new ones get 429"
+        "--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
+        help="requests waiting to run at which new ones get 429 with Retry-After",
+    )
+    serve.add_argument(
+        "--request-timeout", type=float, default=0.0,
+        help="seconds a request may take before it is aborted with 408 (0: no limit)",
+    )
+    serve.add_argument(
+        "--shutdown-grace", type=float, default=30.0,
+        help="seconds running requests get to finish after SIGTERM before they are aborted",
     )
     serve.add_argument(
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info"
     )
     add_lora_arguments(serve)
+    add_access_arguments(serve)
     return parser
 
 
@@ -170,6 +185,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
         block_size=args.block_size,
         kv_cache_memory_bytes=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,
@@ -177,6 +193,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         num_threads=args.num_threads,
         chat_template=chat_template,
         max_waiting_requests=args.max_waiting_requests,
+        request_timeout_s=args.request_timeout or None,
         lora=lora_config_from_args(args, names),
         grammar=GrammarConfig(default_backend=args.structured_outputs_backend,
                               compile_timeout_s=args.grammar_compile_timeout),
@@ -193,22 +210,25 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         constrain_auto_tools=args.constrain_auto_tools,
         responses_db=args.responses_db,
         allow_runtime_lora=args.allow_runtime_lora,
+        **access_options_from_args(args),
+        shutdown_grace_s=args.shutdown_grace,
     )
     return engine_config, server_config
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
-    """Start the engine (blocking load), serve HTTP until interrupted, then shut the engine down."""
-    import uvicorn
-
+    """Start the engine (blocking load), serve HTTP until SIGTERM / SIGINT, drain (api/shutdown.py),
+    then shut the engine down."""
     from api.app import create_app
+    from api.shutdown import run_server
     from engine.async_engine import AsyncEngine  # imported here: it pulls in torch and the model code
 
     engine = AsyncEngine.start(engine_config)
     try:
         app = create_app(engine, server_config)
         logger.info("serving %s on http://%s:%d", engine.model_name, server_config.host, server_config.port)
-        uvicorn.run(app, host=server_config.host, port=server_config.port, log_level=server_config.log_level)
+        run_server(app, engine, server_config.host, server_config.port, server_config.log_level,
+                   server_config.shutdown_grace_s)
     finally:
         engine.shutdown()
 

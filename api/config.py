@@ -14,6 +14,10 @@ class ServerConfig:
     model_aliases: extra names accepted for the base model (not listed by /v1/models); "default"
         lets clients written against a generic OpenAI-compatible server work unchanged.
     api_key: when set, /v1/* needs `Authorization: Bearer <api_key>`.
+    protect_metrics: /metrics needs the api key too (/health always stays open); raises ValueError
+        without an api_key.
+    allowed_origins, allowed_methods, allowed_headers, allow_credentials: CORS (starlette's
+        CORSMiddleware), installed only when `allowed_origins` is non-empty; "*" allows any.
     chat_template: template text that replaces the tokenizer's own (the CLI reads a path into text).
     sse_ping_interval_s: seconds between SSE keep-alive comments (`: ping`); 0 disables them.
     tool_call_parser: the tool-call format of the served model (a `toolparsers.TOOL_PARSERS` name).
@@ -24,11 +28,18 @@ class ServerConfig:
     responses_db: SQLite file of stored /v1/responses objects (its folder is created); ":memory:"
         keeps them for the life of the process. The CLI default is `data/responses.sqlite3`.
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
+    shutdown_grace_s: seconds running requests get to finish after SIGTERM before they are aborted
+        (`api/shutdown.py`); raises ValueError when negative.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    protect_metrics: bool = False
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
     served_model_names: tuple[str, ...] = ()
     model_aliases: tuple[str, ...] = ("default",)
     chat_template: str | None = None
@@ -39,3 +50,10 @@ class ServerConfig:
     constrain_auto_tools: bool = True
     responses_db: str = ":memory:"
     allow_runtime_lora: bool = False
+    shutdown_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"--shutdown-grace must be >= 0, not {self.shutdown_grace_s:g}")
+        if self.protect_metrics and not self.api_key:
+            raise ValueError("--protect-metrics needs an API key (--api-key or STRUCTSERVE_API_KEY)")

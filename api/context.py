@@ -33,6 +33,14 @@ class EngineClient(Protocol):
         """Abort a request (no-op when it is unknown or finished)."""
         ...
 
+    def abort_all(self) -> None:
+        """Abort every submitted request; each ends with finish_reason "abort" (graceful shutdown)."""
+        ...
+
+    def check_admission(self) -> None:
+        """Raise EngineDeadError / EngineOverloaded when a new request would be refused now."""
+        ...
+
     def is_healthy(self) -> bool:
         """False once the engine thread is gone."""
         ...

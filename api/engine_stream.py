@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from api.context import EngineClient
 from api.errors import RequestAborted
+from api.stream_tracker import StreamTracker
 from engine.request import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -22,12 +23,15 @@ class EngineStream:
 
     An output whose choice finished with "abort", or an engine generator that ends early, raises
     RequestAborted: the engine gave up on the request (e.g. shutdown).
+
+    `tracker`, when given, sees every output as it arrives, every failure, and the close.
     """
 
-    def __init__(self, engine: EngineClient, request: EngineRequest) -> None:
+    def __init__(self, engine: EngineClient, request: EngineRequest, tracker: StreamTracker | None = None) -> None:
         self.engine = engine
         self.request_id = request.request_id
         self.finished = False
+        self.tracker = tracker
         self._outputs = engine.generate(request)
         self._first: RequestOutput | None = None
 
@@ -63,8 +67,21 @@ class EngineStream:
             if not self.finished:
                 logger.info("request %s: aborted before it finished", self.request_id)
                 self.engine.abort(self.request_id)
+            if self.tracker is not None:
+                self.tracker.closed(self.finished)
 
     async def _next(self) -> RequestOutput:
+        try:
+            out = await self._receive()
+        except Exception as exc:  # only noted for the log line; the caller handles it
+            if self.tracker is not None:
+                self.tracker.failed(exc)
+            raise
+        if self.tracker is not None:
+            self.tracker.on_output(out)
+        return out
+
+    async def _receive(self) -> RequestOutput:
         try:
             out = await self._outputs.__anext__()
         except StopAsyncIteration:

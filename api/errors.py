@@ -25,6 +25,7 @@ from engine.errors import (
     EngineOverloaded,
     InvalidSamplingParams,
     ModelLoadError,
+    RequestTimedOut,
 )
 from lora.errors import InvalidLoraAdapter, LoraAdapterExists, LoraAdapterNotFound, LoraError, LoraNotEnabled
 from toolparsers.errors import ToolParserError
@@ -73,6 +74,10 @@ class ClientDisconnected(ApiError):
     """The client went away before the answer; nothing is sent back."""
 
 
+class ServerShuttingDown(ApiError):
+    """The server is draining before it exits and takes no new requests (503, Retry-After)."""
+
+
 ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     # exception type -> (HTTP status, OpenAI type, code)
     InvalidRequest: (400, "invalid_request_error", None),
@@ -91,6 +96,7 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     ResponseNotFound: (404, "invalid_request_error", "response_not_found"),
     PreviousResponseNotFound: (404, "invalid_request_error", "previous_response_not_found"),
     EngineOverloaded: (429, "rate_limit_error", "overloaded"),
+    RequestTimedOut: (408, "server_error", "request_timeout"),
     ClientDisconnected: (499, "invalid_request_error", "client_disconnected"),
     EngineDeadError: (500, "server_error", "engine_dead"),
     EngineStepError: (500, "server_error", "engine_step_failed"),
@@ -98,6 +104,7 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     EngineError: (500, "server_error", None),
     GrammarError: (500, "server_error", None),  # GrammarConfigError: a server setup fault
     RequestAborted: (503, "server_error", "request_aborted"),
+    ServerShuttingDown: (503, "server_error", "shutting_down"),
 }
 _INTERNAL: tuple[int, str, str | None] = (500, "server_error", None)
 # Exceptions whose `message` and `param` are written for clients.
@@ -130,6 +137,21 @@ def error_response(exc: BaseException, headers: dict[str, str] | None = None) ->
     return JSONResponse(error_body(exc).model_dump(), status_code=status, headers=headers)
 
 
+RETRY_AFTER_S = 1
+"""Seconds sent in Retry-After with 429 (overloaded) and 503 (shutting down): long enough for
+running requests to free a slot, short enough that a retry loop behind a router moves on quickly."""
+
+
+def error_headers(exc: BaseException) -> dict[str, str] | None:
+    """Headers that go with the error response of `exc`: WWW-Authenticate for a 401, Retry-After
+    (RETRY_AFTER_S seconds) when a retry later may succeed; None when there are none."""
+    if isinstance(exc, AuthenticationFailed):
+        return {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, (EngineOverloaded, ServerShuttingDown)):
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return None
+
+
 def _http_error_body(status: int, message: str) -> dict[str, object]:
     error_type = "invalid_request_error" if status < 500 else "server_error"
     return ErrorResponse(error=ErrorInfo(message=message, type=error_type)).model_dump()
@@ -139,8 +161,7 @@ async def _handle_known(request: Request, exc: Exception) -> JSONResponse:
     status, _, _ = error_status(exc)
     if status >= 500:
         logger.error("request %s failed: %s", getattr(request.state, "request_id", "-"), exc)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationFailed) else None
-    return error_response(exc, headers)
+    return error_response(exc, error_headers(exc))
 
 
 async def _handle_http(request: Request, exc: Exception) -> JSONResponse:

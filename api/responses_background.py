@@ -18,6 +18,7 @@ from api.context import EngineClient
 from api.engine_stream import EngineStream, StreamGroup
 from api.responses_run import ResponseRun
 from api.responses_stream import whole_response
+from api.stream_tracker import StreamTracker
 from engine.request import EngineRequest
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,11 @@ class BackgroundResponses:
         task = asyncio.create_task(work, name=f"response {response_id}")
         self._tasks[response_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(response_id, None))
+
+    @property
+    def num_running(self) -> int:
+        """Background responses whose task has not ended yet."""
+        return len(self._tasks)
 
     def is_running(self, response_id: str) -> bool:
         """Whether a task for `response_id` is still running."""
@@ -60,12 +66,15 @@ class BackgroundResponses:
             await asyncio.wait(tasks)
 
 
-async def run_in_background(engine: EngineClient, request: EngineRequest, run: ResponseRun) -> None:
+async def run_in_background(
+    engine: EngineClient, request: EngineRequest, run: ResponseRun, tracker: StreamTracker | None = None
+) -> None:
     """Generate the response of `request`, storing each status it reaches (see the module docstring).
 
-    A failure is stored as status "failed" with the client-safe error message.
+    A failure is stored as status "failed" with the client-safe error message. `tracker` sees the
+    outputs (metrics, and the log line, which it should hold until the generation ends).
     """
-    group = StreamGroup([EngineStream(engine, request)])
+    group = StreamGroup([EngineStream(engine, request, tracker)])
     try:
         await group.start()
         await run.save(run.snapshot("in_progress"))

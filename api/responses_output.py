@@ -23,6 +23,7 @@ from api.protocol.responses_events import (
     StreamEvent,
 )
 from api.protocol.responses_object import FunctionCall, ItemStatus, OutputItem, OutputMessage, OutputText
+from api.tool_calls import ToolCallObserver
 from api.tool_choice import ToolCalling
 from api.tool_stream import ToolCallStream
 from toolparsers import ToolCallDelta
@@ -60,13 +61,20 @@ class ResponseOutputBuilder:
     """The output of one response: `feed` every engine text delta, then `finish` once.
 
     `tool_calling` None: all text is message content. Otherwise text goes through the tool parser
-    (`api/tool_stream.py`), whose complete calls become function_call items.
+    (`api/tool_stream.py`), whose complete calls become function_call items (and reach `on_tool_calls`).
     """
 
-    def __init__(self, tool_calling: ToolCalling | None, counter: EventCounter) -> None:
+    def __init__(
+        self,
+        tool_calling: ToolCalling | None,
+        counter: EventCounter,
+        on_tool_calls: ToolCallObserver | None = None,
+    ) -> None:
         self.items: list[OutputItem] = []
         self._seq = counter
-        self._calls = ToolCallStream(tool_calling.new_parser()) if tool_calling is not None else None
+        self._calls = (
+            ToolCallStream(tool_calling.new_parser(), on_tool_calls) if tool_calling is not None else None
+        )
         self._open: _OpenMessage | _OpenCall | None = None
 
     def feed(self, text: str, final: bool = False) -> list[StreamEvent]:

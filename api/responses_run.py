@@ -24,6 +24,7 @@ from api.protocol.responses_object import (
 )
 from api.protocol.responses_request import ResponsesRequest
 from api.responses_store import ResponsesStore, StoredResponse
+from api.tool_calls import ToolCallObserver
 from api.tool_choice import ToolCalling
 from engine.request import RequestOutput
 
@@ -72,12 +73,14 @@ def usage_of(out: RequestOutput | None) -> ResponseUsage | None:
 @dataclass(frozen=True, slots=True)
 class ResponseRun:
     """A response being produced: its initial object, its normalized input items as one JSON
-    array (what input_items lists), how its output is parsed, and the store (None: `store` false)."""
+    array (what input_items lists), how its output is parsed, and the store (None: `store` false).
+    `on_tool_calls` sees the parsed tool calls (metrics)."""
 
     initial: ResponseObject
     input_items_json: str
     tool_calling: ToolCalling | None
     store: ResponsesStore | None
+    on_tool_calls: ToolCallObserver | None = None
 
     def snapshot(
         self,

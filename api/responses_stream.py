@@ -56,7 +56,7 @@ async def _item_events(
 
 async def whole_response(outputs: Outputs, run: ResponseRun) -> ResponseObject:
     """Gather the outputs into the finished response object (stored when `store` is true)."""
-    builder = ResponseOutputBuilder(run.tool_calling, EventCounter())
+    builder = ResponseOutputBuilder(run.tool_calling, EventCounter(), run.on_tool_calls)
     progress = _Progress()
     async for _ in _item_events(outputs, builder, progress):
         pass
@@ -68,7 +68,7 @@ async def whole_response(outputs: Outputs, run: ResponseRun) -> ResponseObject:
 async def response_events(outputs: Outputs, run: ResponseRun) -> AsyncIterator[StreamEvent]:
     """The events of a streamed response, numbered 0, 1, 2, ... (see the module docstring)."""
     counter = EventCounter()
-    builder = ResponseOutputBuilder(run.tool_calling, counter)
+    builder = ResponseOutputBuilder(run.tool_calling, counter, run.on_tool_calls)
     progress = _Progress()
     started = run.snapshot("in_progress")
     yield ResponseLifecycleEvent(type="response.created", sequence_number=counter.next(), response=started)

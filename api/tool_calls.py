@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from api.protocol.messages import FunctionCall, ToolCall
 from toolparsers import ToolCall as ParsedCall
 from toolparsers import ToolParser
+
+ToolCallObserver = Callable[[list[ParsedCall]], None]
+"""Called with the calls completed in each parsed piece of output (api/tool_call_metrics.py counts them)."""
 
 
 def message_tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
@@ -15,13 +20,17 @@ def message_tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
     ]
 
 
-def split_tool_calls(parser: ToolParser, text: str) -> tuple[str | None, list[ToolCall]]:
-    """(content, tool_calls) of one choice's whole output text.
+def split_tool_calls(
+    parser: ToolParser, text: str, on_calls: ToolCallObserver | None = None
+) -> tuple[str | None, list[ToolCall]]:
+    """(content, tool_calls) of one choice's whole output text; `on_calls` sees the parsed calls.
 
     Content is None when calls were made and no other text was written; text that is not a
     well-formed call stays in the content verbatim (never dropped, never an error).
     """
     result = parser.parse(text)
+    if on_calls is not None and result.tool_calls:
+        on_calls(result.tool_calls)
     calls = message_tool_calls(result.tool_calls)
     content = result.content if result.content or not calls else None
     return content, calls

@@ -111,7 +111,10 @@ def request_constraints(
     parallel = request.parallel_tool_calls is not False
     tool_grammar = parser_class(specs).grammar_for(specs, _parser_choice(choice), parallel)
     if tool_grammar is not None:
-        tool_grammar = with_options(tool_grammar, request.structured_outputs)
+        # Arguments objects are closed: a schema that does not say otherwise gets only its declared
+        # keys, so a small model cannot invent keys until max_tokens cuts the call.
+        tool_grammar = dataclasses.replace(with_options(tool_grammar, request.structured_outputs),
+                                           additional_properties=False)
     if choice != "auto":
         if fmt is not None:
             raise InvalidRequest(

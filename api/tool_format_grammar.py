@@ -23,7 +23,7 @@ from typing import Any
 from api.errors import InvalidRequest, NotSupported
 from api.grammar_from_request import RequestGrammar
 from constrained.source import close_objects
-from constrained.spec import GrammarKind, GrammarSpec
+from constrained.spec import GrammarKind, GrammarSpec, guidance_json_options
 
 BACKEND = "guidance"
 _JSON_KINDS = (GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT)
@@ -72,7 +72,7 @@ def answer_or_calls_grammar(fmt: RequestGrammar, tool_grammar: GrammarSpec) -> G
     for name, structure in zip(names, structures, strict=True):
         parts = [
             _literal(structure["begin"]),
-            _json(structure["schema"], fmt.spec),
+            _json(structure["schema"], fmt.spec, closed=True),
             _literal(structure["end"]),
         ]
         lines.append(f"{name}: " + " ".join(p for p in parts if p))
@@ -85,12 +85,13 @@ def answer_or_calls_grammar(fmt: RequestGrammar, tool_grammar: GrammarSpec) -> G
     )
 
 
-def _json(schema: Any, spec: GrammarSpec) -> str:
-    """`%json {...}` for one embedded schema, with the spec's whitespace and closed-object options."""
+def _json(schema: Any, spec: GrammarSpec, closed: bool = False) -> str:
+    """`%json {...}` for one embedded schema, with the spec's whitespace and closed-object options
+    (`closed`: objects without `additionalProperties` are closed whatever the spec says)."""
     if isinstance(schema, dict):
-        if not spec.additional_properties:
+        if closed or not spec.additional_properties:
             schema = close_objects(schema)
-        guidance = {**schema.get("x-guidance", {}), "whitespace_flexible": spec.any_whitespace}
+        guidance = {**schema.get("x-guidance", {}), **guidance_json_options(spec.any_whitespace)}
         schema = {**schema, "x-guidance": guidance}
     return "%json " + json.dumps(schema, ensure_ascii=False)
 

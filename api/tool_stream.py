@@ -10,15 +10,19 @@ not to be a call is sent as content when that is decided (at the latest at the e
 from __future__ import annotations
 
 from api.protocol.chat_response import DeltaFunctionCall, DeltaMessage, DeltaToolCall
-from api.tool_calls import finish_reason_with_calls
+from api.tool_calls import ToolCallObserver, finish_reason_with_calls
 from toolparsers import ParseResult, ToolCallDelta, ToolParser
 
 
 class ToolCallStream:
-    """The tool-call streaming state of one choice (one parser; `parse`/`deltas` until `final`)."""
+    """The tool-call streaming state of one choice (one parser; `parse`/`deltas` until `final`).
 
-    def __init__(self, parser: ToolParser) -> None:
+    `on_calls`, when given, sees each call once, when the parser completes it.
+    """
+
+    def __init__(self, parser: ToolParser, on_calls: ToolCallObserver | None = None) -> None:
         self._parser = parser
+        self._on_calls = on_calls
         self.made_calls = False
 
     def parse(self, text: str, final: bool) -> ParseResult:
@@ -26,7 +30,10 @@ class ToolCallStream:
         result = self._parser.feed(text) if text else ParseResult()
         if final:
             result.extend(self._parser.finish())
-        self.made_calls = self.made_calls or bool(result.tool_calls)
+        if result.tool_calls:
+            self.made_calls = True
+            if self._on_calls is not None:
+                self._on_calls(result.tool_calls)
         return result
 
     def deltas(self, text: str, final: bool) -> list[DeltaMessage]:

@@ -19,7 +19,7 @@ from constrained.errors import InvalidGrammar
 from constrained.schema_keywords import GUIDANCE_RULES, check_keywords
 from constrained.schema_walk import iter_patterns
 from constrained.source import load_choices, load_schema
-from constrained.spec import GrammarKind, GrammarSpec
+from constrained.spec import GrammarKind, GrammarSpec, guidance_json_options
 from constrained.structural_tag import StructuralTag, StructuralTagGrammar, parse_structural_tag, schema_pointer
 from constrained.vocab import VocabInfo
 
@@ -119,7 +119,7 @@ class GuidanceBackend(GrammarBackend):
             llguidance.torch.fill_next_token_bitmask_par(self._executor, live, bitmask)
 
     def _json_options(self, spec: GrammarSpec) -> Any:  # llguidance's JsonCompileOptions TypedDict
-        return {"whitespace_flexible": spec.any_whitespace}
+        return guidance_json_options(spec.any_whitespace)
 
     def _json_grammar(self, spec: GrammarSpec) -> str:
         schema = load_schema(spec)

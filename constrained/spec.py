@@ -6,6 +6,21 @@ from dataclasses import dataclass
 from enum import Enum
 
 
+# Longest whitespace run allowed between JSON tokens when any_whitespace is on: enough for
+# pretty-printed JSON (newline + indent), short enough that a sampled model cannot loop on
+# whitespace until max_tokens (llama.cpp and vLLM reports show exactly that failure).
+MAX_JSON_WHITESPACE = 20
+
+
+def guidance_json_options(any_whitespace: bool) -> dict[str, object]:
+    """llguidance's JSON options (`x-guidance`) for `any_whitespace`: runs of 1..MAX_JSON_WHITESPACE
+    whitespace characters between tokens, or none (compact JSON). Format: llguidance's
+    JsonCompileOptions (whitespace_flexible, whitespace_pattern)."""
+    if not any_whitespace:
+        return {"whitespace_flexible": False}
+    return {"whitespace_flexible": True, "whitespace_pattern": f"[\\x20\\x0A\\x0D\\x09]{{1,{MAX_JSON_WHITESPACE}}}"}
+
+
 class GrammarKind(str, Enum):
     """The kinds of constraint a request can carry (vLLM `structured_outputs` names)."""
 
@@ -21,7 +36,8 @@ class GrammarKind(str, Enum):
 class GrammarSpec:
     """One constraint: `kind` + `source` text, optional backend ("xgrammar", "guidance") and options.
 
-    `any_whitespace` False forbids free whitespace in JSON (vLLM disable_any_whitespace);
+    `any_whitespace` False forbids free whitespace in JSON (vLLM disable_any_whitespace); True
+    allows runs of at most MAX_JSON_WHITESPACE characters between tokens;
     `additional_properties` False treats objects without `additionalProperties` as closed.
     Hashable: it is the compile-cache key together with the backend name.
     """

@@ -15,9 +15,10 @@ from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
 from constrained.bitmask import allow_only, check_bitmask
 from constrained.errors import InvalidGrammar
 from constrained.schema_keywords import check_keywords
+from constrained.regex_features import find_lookaround
 from constrained.schema_walk import iter_patterns
 from constrained.source import is_ebnf, load_choices, load_schema
-from constrained.spec import GrammarKind, GrammarSpec
+from constrained.spec import MAX_JSON_WHITESPACE, GrammarKind, GrammarSpec
 from constrained.structural_tag import StructuralTag, parse_structural_tag, schema_pointer
 from constrained.vocab import VocabInfo
 from constrained.xgrammar_keywords import XGRAMMAR_RULES
@@ -51,6 +52,18 @@ def _bad_pattern(schema: Any, where: str) -> str:
     return ""
 
 
+def _refuse_lookaround(schema: Any, spec: GrammarSpec, where: str) -> None:
+    """Raise InvalidGrammar naming the first `pattern` / `patternProperties` regex of `schema` with
+    lookaround, which xgrammar would silently drop (constrained/regex_features.py)."""
+    for pointer, keyword, regex in iter_patterns(schema, where):
+        at = find_lookaround(regex)
+        if at is not None:
+            raise InvalidGrammar(
+                f"xgrammar cannot compile {spec.kind.value}: {keyword} {json.dumps(regex, ensure_ascii=False)} at "
+                f"{pointer}: lookaround at offset {at} is not supported (xgrammar would drop the assertion)",
+                param=spec.kind.value)
+
+
 class XGrammarBackend(GrammarBackend):
     """xgrammar adapter: EBNF and Lark grammars, JSON schema, regex, choice, structural tags.
 
@@ -79,7 +92,7 @@ class XGrammarBackend(GrammarBackend):
         self._compilers: dict[GrammarKind, Callable[[GrammarSpec], Any]] = {
             GrammarKind.JSON_SCHEMA: self._compile_json,
             GrammarKind.JSON_OBJECT: self._compile_json,
-            GrammarKind.REGEX: lambda spec: self._compiler.compile_regex(spec.source),
+            GrammarKind.REGEX: self._compile_regex,
             GrammarKind.CHOICE: self._compile_choice,
             GrammarKind.GRAMMAR: self._compile_grammar,
             GrammarKind.STRUCTURAL_TAG: self._compile_structural_tag,
@@ -121,13 +134,23 @@ class XGrammarBackend(GrammarBackend):
 
     def _json_options(self, spec: GrammarSpec) -> dict[str, Any]:
         options: dict[str, Any] = {"any_whitespace": spec.any_whitespace, "strict_mode": not spec.additional_properties}
-        if not spec.any_whitespace:
+        if spec.any_whitespace:
+            options["max_whitespace_cnt"] = MAX_JSON_WHITESPACE
+        else:
             options["separators"] = (",", ":")  # compact, like guidance; xgrammar's default would add spaces
         return options
+
+    def _compile_regex(self, spec: GrammarSpec) -> Any:
+        at = find_lookaround(spec.source)
+        if at is not None:
+            raise InvalidGrammar(f"xgrammar cannot compile regex: lookaround at offset {at} is not supported "
+                                 "(xgrammar would drop the assertion)", param=spec.kind.value)
+        return self._compiler.compile_regex(spec.source)
 
     def _compile_json(self, spec: GrammarSpec) -> Any:
         schema = load_schema(spec)
         check_keywords(schema, XGRAMMAR_RULES, spec.kind.value)
+        _refuse_lookaround(schema, spec, "#")
         text = json.dumps(schema, ensure_ascii=False)
         return self._with_pattern_detail(lambda: self._compiler.compile_json_schema(text, **self._json_options(spec)),
                                          schema, spec, "#")
@@ -174,6 +197,7 @@ class XGrammarBackend(GrammarBackend):
     def _tag(self, index: int, tag: StructuralTag, spec: GrammarSpec) -> dict[str, Any]:
         where = schema_pointer(index)
         check_keywords(tag.schema, XGRAMMAR_RULES, spec.kind.value, where)
+        _refuse_lookaround(tag.schema, spec, where)
         content: dict[str, Any]
         if tag.style == "json":
             # Through EBNF so any_whitespace / additional_properties hold inside tags too.

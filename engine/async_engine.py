@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import EngineDeadError, EngineOverloaded, EngineStepError
+from engine.errors import EngineDeadError, EngineOverloaded, EngineStepError, RequestTimedOut
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestOutput
+from engine.request_deadlines import RequestDeadlines
 from engine.stats import EngineStats
 from engine.threads import configure_threads
 from lora.errors import LoraNotEnabled
@@ -24,6 +25,7 @@ from lora.registry import LoraAdapterInfo
 logger = logging.getLogger(__name__)
 
 MAX_CONSECUTIVE_FAILURES = 3   # steps failing in a row before the engine declares itself dead
+_IDLE_WAIT_S = 0.5             # longest sleep of an idle engine thread between inbox checks
 
 
 @dataclass(slots=True)
@@ -37,11 +39,16 @@ class AsyncEngine:
     out through thread-safe queues (`loop.call_soon_threadsafe`), one asyncio.Queue per request.
 
     A consumer that stops iterating `generate()` (disconnect, cancellation) aborts its request
-    and the engine frees its blocks before the next step. If a step raises, every request
-    fails with EngineDeadError and `is_healthy()` turns False.
+    and the engine frees its blocks before the next step. If a step raises, the requests in it
+    fail with EngineStepError and the engine goes on; after `max_consecutive_failures` failing
+    steps in a row, or when the thread ends for any reason, `is_healthy()` turns False and every
+    request still waiting for output (in the engine, in the inbox, or submitted later) fails at
+    once with EngineDeadError. Requests past `config.request_timeout_s` are aborted with
+    RequestTimedOut.
     """
 
-    def __init__(self, engine: LLMEngine, model_name: str, model_path: str) -> None:
+    def __init__(self, engine: LLMEngine, model_name: str, model_path: str,
+                 max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> None:
         self.engine = engine
         engine.structured.on_ready = self._wake
         self.tokenizer = engine.tokenizer
@@ -52,9 +59,14 @@ class AsyncEngine:
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
-        self._dead: BaseException | None = None
+        self._dead: EngineDeadError | None = None      # set once, under _lock, when the thread ends
         self._stopping = False
-        self._num_waiting = 0
+        self._max_consecutive_failures = max_consecutive_failures
+        # Admission: requests submitted minus those the engine thread has added = still in the inbox.
+        # Each counter has one writer (event loop / engine thread); both are read under _lock.
+        self._num_submitted = 0
+        self._num_added = 0
+        self._deadlines = RequestDeadlines(engine.config.request_timeout_s)
         self._thread = threading.Thread(target=self._run, name="structserve-engine", daemon=True)
         self._thread.start()
 
@@ -89,21 +101,46 @@ class AsyncEngine:
         """False once the engine thread has died or shut down."""
         return self._dead is None and self._thread.is_alive()
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Submit `request` and yield its outputs until the last (finished=True).
+    def num_waiting(self) -> int:
+        """Requests submitted and not yet running: still in the inbox, or waiting in the scheduler
+        (queued, compiling their grammar, or preempted). Any thread."""
+        with self._lock:
+            in_inbox = self._num_submitted - self._num_added
+        return in_inbox + self.engine.stats().num_requests_waiting
 
-        Raises ContextLengthExceeded / InvalidSamplingParams before the first yield,
-        EngineDeadError when the engine is not running, EngineOverloaded when too many wait.
+    def check_admission(self) -> None:
+        """Return when a new request may be submitted now; any thread, no side effects.
+
+        Raises EngineDeadError when the engine is not running, EngineOverloaded when
+        `config.max_waiting_requests` requests are already waiting (see `num_waiting`).
         """
         if not self.is_healthy():
             raise EngineDeadError("the engine is not running")
-        if self._num_waiting >= self.engine.config.max_waiting_requests:
-            raise EngineOverloaded("too many requests are waiting; retry later")
+        limit = self.engine.config.max_waiting_requests
+        num_waiting = self.num_waiting()
+        if num_waiting >= limit:
+            raise EngineOverloaded(
+                f"the server is overloaded: {num_waiting} requests are waiting (limit {limit}); retry later")
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Submit `request` and yield its outputs until the last (finished=True).
+
+        Raises before the first yield, having queued nothing: EngineDeadError when the engine is
+        not running, EngineOverloaded when too many requests wait (`check_admission`),
+        ContextLengthExceeded / InvalidSamplingParams / LoraAdapterNotFound for a request that
+        cannot run. Later raises EngineStepError, RequestTimedOut, EngineDeadError or an error of
+        the request's grammar compile; the request is finished and its blocks are free by then.
+        """
+        self.check_admission()
         self.engine.validate(request)
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._lock:
+            # Checked under the lock the dying thread takes to fail every stream: a request is
+            # either failed by it or refused here, never left waiting.
+            if self._dead is not None:
+                raise EngineDeadError(self._dead.message)
             self._streams[request.request_id] = stream
-        self._num_waiting += 1
+            self._num_submitted += 1
         self._inbox.put(("add", request))
         finished = False
         try:
@@ -150,6 +187,11 @@ class AsyncEngine:
         """Abort a request from any thread; its blocks are freed before the next step."""
         self._inbox.put(("abort", request_id))
 
+    def abort_all(self) -> None:
+        """Abort, from any thread, every request submitted before this call (graceful shutdown
+        after its grace period). Each ends with finish_reason "abort"; its blocks are freed."""
+        self._inbox.put(("abort_all", None))
+
     def shutdown(self) -> None:
         """Stop the engine thread after the current step (running requests are aborted)."""
         self._stopping = True
@@ -162,22 +204,58 @@ class AsyncEngine:
     def _drain_inbox(self, block: bool) -> None:
         while True:
             try:
-                kind, payload = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+                if block:
+                    kind, payload = self._inbox.get(timeout=self._deadlines.wait_s(_IDLE_WAIT_S))
+                else:
+                    kind, payload = self._inbox.get_nowait()
             except queue.Empty:
                 return
             block = False
             if kind == "add":
-                self._num_waiting -= 1
-                try:
-                    self.engine.add_request(payload)
-                except Exception as exc:  # noqa: BLE001 - reported to the request, the engine goes on
-                    logger.warning("request %s rejected: %s", payload.request_id, exc)
-                    self._deliver([RequestOutput(payload.request_id, [], len(payload.prompt_token_ids),
-                                                 finished=True, error=exc)])
+                self._add(payload)
             elif kind == "abort":
                 self.engine.abort_request(payload)
+            elif kind == "abort_all":
+                outputs = [self.engine.abort_request(rid) for rid in list(self.engine.requests)]
+                self._deliver([out for out in outputs if out is not None])
+
+    def _add(self, request: EngineRequest) -> None:
+        try:
+            self.engine.add_request(request)
+            self._deadlines.add(request.request_id, request.arrival_time)
+        except Exception as exc:  # noqa: BLE001 - reported to the request, the engine goes on
+            logger.warning("request %s rejected: %s", request.request_id, exc)
+            self._deliver([RequestOutput(request.request_id, [], len(request.prompt_token_ids),
+                                         finished=True, error=exc)])
+        finally:
+            with self._lock:   # counted after add_request: briefly in both counts, never in neither
+                self._num_added += 1
+
+    def _expire_requests(self) -> None:
+        """Abort the requests past `request_timeout_s`; each gets RequestTimedOut."""
+        outputs = []
+        for request_id in self._deadlines.expired(self.engine.requests):
+            out = self.engine.abort_request(request_id)
+            if out is not None:
+                logger.warning("request %s: timed out after %g s; aborted", request_id, self._deadlines.timeout_s)
+                out.error = RequestTimedOut(
+                    f"the request did not finish within {self._deadlines.timeout_s:g} s (--request-timeout)")
+                outputs.append(out)
+        self._deliver(outputs)
 
     def _run(self) -> None:
+        death = EngineDeadError("the engine has shut down")
+        try:
+            death = self._loop() or death
+        except BaseException as exc:  # noqa: BLE001 - logged here; the thread ends, requests fail below
+            logger.critical("the engine thread crashed", exc_info=exc)
+            death = EngineDeadError(f"the engine thread crashed: {exc!r}")
+        finally:
+            self._fail_streams(death)
+
+    def _loop(self) -> EngineDeadError | None:
+        """Step until stopped (returns None) or until too many steps fail in a row (returns the
+        error that every remaining request gets)."""
         torch.set_grad_enabled(False)
         consecutive_failures = 0
         while not self._stopping:
@@ -189,6 +267,7 @@ class AsyncEngine:
                     break
                 if self.engine.has_work():
                     self._deliver(self.engine.step())
+                self._expire_requests()
                 consecutive_failures = 0
             except Exception as exc:  # noqa: BLE001 - the engine loop must report, not vanish
                 # Fail the requests in flight and free their blocks; keep serving unless it repeats.
@@ -196,12 +275,24 @@ class AsyncEngine:
                 ids = ",".join(self.engine.requests)
                 logger.exception("engine step failed (requests %s); failing them", ids)
                 self._deliver(self.engine.fail_all(EngineStepError(f"the engine step failed: {exc}")))
-                if consecutive_failures >= MAX_CONSECUTIVE_FAILURES:
-                    self._dead = exc
-                    return
+                if consecutive_failures >= self._max_consecutive_failures:
+                    logger.critical("engine dead after %d failing steps in a row", consecutive_failures)
+                    return EngineDeadError(f"the engine stopped after {consecutive_failures} failing steps: {exc}")
         for rid in list(self.engine.requests):
             self.engine.abort_request(rid)
-        self._dead = EngineDeadError("the engine has shut down")
+        return None
+
+    def _fail_streams(self, error: EngineDeadError) -> None:
+        """Mark the engine dead and fail every request still waiting for output with `error`;
+        `generate()` checks the mark under the same lock, so no request is left waiting."""
+        with self._lock:
+            if self._dead is None:
+                self._dead = error
+            request_ids = list(self._streams)
+        if request_ids:
+            logger.error("failing %d waiting requests: %s", len(request_ids), error.message)
+        self._deliver([RequestOutput(rid, [], 0, finished=True, error=EngineDeadError(error.message))
+                       for rid in request_ids])
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput], RequestOutput]]] = {}

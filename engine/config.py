@@ -10,6 +10,9 @@ from lora.config import LoraConfig
 from engine.errors import InvalidSamplingParams
 
 DEFAULT_KV_CACHE_MEMORY_BYTES = 2 * 1024**3
+DEFAULT_MAX_WAITING_REQUESTS = 256
+# On CPU a 256-token SmolLM2 prefill chunk takes ~0.2-0.5 s; a whole 2048-token budget, seconds.
+DEFAULT_CPU_LONG_PREFILL_TOKENS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +24,13 @@ class EngineConfig:
     max_model_len: tokens per sequence (prompt + output); None = the model's own limit capped at 8192.
     kv_cache_memory_bytes: bytes for all layers' K and V blocks together.
     num_threads: torch intra-op threads on CPU; None = measured default (see engine/threads.py).
+    long_prefill_token_threshold: most prompt tokens one sequence prefills per step (vLLM's flag of
+        that name), so a long prompt cannot hold a step, and an abort, for seconds; 0 = no cap,
+        None = DEFAULT_CPU_LONG_PREFILL_TOKENS on CPU and no cap on CUDA.
+    max_waiting_requests: requests that may wait (submitted, not yet running) before new ones are
+        refused with EngineOverloaded; >= 1.
+    request_timeout_s: seconds from a request's arrival (`EngineRequest.arrival_time`) after which
+        the engine aborts it with RequestTimedOut and frees its blocks; None = no limit.
     grammar: structured-output backend choice, compile timeout and cache size.
     lora: LoRA limits and startup adapters; None = LoRA off (`--enable-lora` not given).
     """
@@ -32,20 +42,29 @@ class EngineConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
     enable_prefix_caching: bool = True
     seed: int = 0
     num_threads: int | None = None
     chat_template: str | None = None
-    max_waiting_requests: int = 1024
+    max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
+    request_timeout_s: float | None = None
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise InvalidSamplingParams("block_size must be a power of two up to 128", param="block_size")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
+            raise InvalidSamplingParams("long_prefill_token_threshold must be >= 0",
+                                        param="long_prefill_token_threshold")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise InvalidSamplingParams("max_num_seqs and max_num_batched_tokens must be >= 1")
+        if self.max_waiting_requests < 1:
+            raise InvalidSamplingParams("max_waiting_requests must be >= 1", param="max_waiting_requests")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise InvalidSamplingParams("request_timeout_s must be > 0 (None: no limit)", param="request_timeout_s")
         if self.kv_cache_memory_bytes <= 0:
             raise InvalidSamplingParams("kv_cache_memory_bytes must be > 0", param="kv_cache_memory")

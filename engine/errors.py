@@ -32,5 +32,10 @@ class EngineOverloaded(EngineError):
     """Too many requests are waiting (HTTP 429)."""
 
 
+class RequestTimedOut(EngineError):
+    """The request ran longer than the engine's `request_timeout_s`; it was aborted and its KV
+    blocks freed (HTTP 408)."""
+
+
 class EngineStepError(EngineError):
     """A step failed while this request was in the batch; the request ends, the engine goes on (HTTP 500)."""

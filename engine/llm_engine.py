@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from engine.block_pool import BlockPool
-from engine.config import EngineConfig
+from engine.config import DEFAULT_CPU_LONG_PREFILL_TOKENS, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import ContextLengthExceeded, InvalidSamplingParams
+from engine.errors import ContextLengthExceeded, EngineStepError, InvalidSamplingParams
 from engine.model_runner import ModelRunner
 from engine.request import CompletionDelta, EngineRequest, RequestOutput
 from engine.sampler import Sampler
@@ -38,6 +38,7 @@ class RequestState:
     detokenizers: list[IncrementalDetokenizer]
     pending: dict[int, CompletionDelta] = field(default_factory=dict)
     grammar_future: Future[Any] | None = None
+    error: Exception | None = None   # set when a choice failed; the whole request then ends with it
 
     @property
     def finished(self) -> bool:
@@ -63,8 +64,8 @@ class LLMEngine:
                                   config.kv_cache_memory_bytes, max_model_len, self.lora)
         self.block_pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len), self.block_pool,
-            self.lora)
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len,
+                            _long_prefill_cap(config, device)), self.block_pool, self.lora)
         self.eos_token_ids: tuple[int, ...] = tuple(arch.eos_token_ids)
         self.sampler = Sampler(arch.vocab_size, self.eos_token_ids, config.seed)
         self.requests: dict[str, RequestState] = {}
@@ -128,7 +129,6 @@ class LLMEngine:
                 seq.status = SeqStatus.WAITING_FOR_GRAMMAR
         for seq in seqs:
             self.scheduler.add(seq)
-        self.num_prompt_tokens += len(request.prompt_token_ids)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish every unfinished choice of the request with "abort" and free its blocks."""
@@ -142,7 +142,7 @@ class LLMEngine:
         return self._make_output(state)
 
     def stats(self) -> EngineStats:
-        """Counters and gauges now (safe to call from another thread: reads ints only)."""
+        """Counters and gauges now (safe to call from another thread: reads ints and locked snapshots)."""
         pool = self.block_pool
         return EngineStats(
             num_requests_running=len({s.request_id for s in list(self.scheduler.running)}),
@@ -150,7 +150,10 @@ class LLMEngine:
             kv_cache_usage=pool.usage, num_blocks=pool.num_blocks, num_free_blocks=pool.num_free_blocks,
             prefix_cache_queries=pool.stats.queries, prefix_cache_hits=pool.stats.hits,
             prompt_tokens=self.num_prompt_tokens, generation_tokens=self.num_generation_tokens,
-            num_preemptions=self.scheduler.num_preemptions)
+            num_preemptions=self.scheduler.num_preemptions, forced_tokens=self.structured.num_forced_tokens,
+            grammar_cache_hits=self.structured.compiler.stats().cache_hits,
+            grammar_compile_seconds=self.structured.compile_seconds.snapshot(),
+            lora_adapters_resident=self.lora.num_resident_adapters if self.lora is not None else 0)
 
     def has_work(self) -> bool:
         """True while any request is waiting or running."""
@@ -174,12 +177,23 @@ class LLMEngine:
             result = self.sampler.sample(logits, sampling, bitmask)
             for seq, token_id, logprob in zip(sampling, result.token_ids, result.logprobs):
                 state = self.requests[seq.request_id]
+                if seq.index == 0 and seq.num_output_tokens == 0:
+                    # the prompt counts once its prefill ran (not at add: a grammar may still fail it)
+                    self.num_prompt_tokens += seq.num_prompt_tokens
                 finished = self._append_token(state, seq, token_id, logprob)
                 if not finished and seq.matcher is not None and seq.sampling_params.logprobs is None:
                     self._fast_forward(state, seq)
                 touched[seq.request_id] = state
         self.num_generation_tokens += len(sampling)
-        return outputs + [self._make_output(state) for state in touched.values()]
+        return outputs + [self._make_output(state) if state.error is None else self._fail(state)
+                          for state in touched.values()]
+
+    def _fail(self, state: RequestState) -> RequestOutput:
+        """End every choice of a request one of whose choices failed; the output carries the error."""
+        out = self.abort_request(state.request.request_id)
+        assert out is not None
+        out.error = state.error
+        return out
 
     def _poll_grammars(self) -> list[RequestOutput]:
         """Give matchers to requests whose grammar compiled; fail those whose compile failed."""
@@ -210,10 +224,11 @@ class LLMEngine:
 
     def _fast_forward(self, state: RequestState, seq: Sequence) -> None:
         """Append the tokens the grammar forces next without sampling them (jump-forward); their
-        K/V is computed in the next step as a short prefill. Counts them as forced tokens."""
+        K/V is computed in the next step as a short prefill. Counts them as forced and generation tokens."""
         forced = seq.matcher.forced_tokens()
         for token_id in forced:
             self.structured.num_forced_tokens += 1
+            self.num_generation_tokens += 1
             if self._append_token(state, seq, token_id, None):
                 return
 
@@ -234,8 +249,12 @@ class LLMEngine:
         status: SeqStatus | None = None
         text, stop_str = "", None
         if seq.matcher is not None and not seq.matcher.accept([token_id]):
-            logger.error("request %s: grammar rejected token %d; ending the choice", seq.request_id, token_id)
-            status = SeqStatus.FINISHED_STOPPED
+            # The bitmask should make this impossible; never return output the grammar refused.
+            logger.error("request %s: grammar rejected sampled token %d; failing the request", seq.request_id,
+                         token_id)
+            state.error = EngineStepError(f"the grammar rejected sampled token {token_id}; the output would not "
+                                          "match the requested format")
+            status = SeqStatus.FINISHED_ERROR
         elif token_id in self.eos_token_ids and not params.ignore_eos:
             status = SeqStatus.FINISHED_STOPPED
         elif token_id in params.stop_token_ids:
@@ -276,3 +295,10 @@ class LLMEngine:
                 out.error = error
                 outputs.append(out)
         return outputs
+
+
+def _long_prefill_cap(config: EngineConfig, device: torch.device) -> int:
+    """The per-sequence prefill chunk cap in tokens (0 = none); see EngineConfig."""
+    if config.long_prefill_token_threshold is not None:
+        return config.long_prefill_token_threshold
+    return DEFAULT_CPU_LONG_PREFILL_TOKENS if device.type == "cpu" else 0

@@ -12,11 +12,18 @@ from lora.manager import LoraManager
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Per-step limits: tokens run in one forward, sequences in the batch, tokens per sequence."""
+    """Per-step limits: tokens run in one forward, sequences in the batch, tokens per sequence,
+    and prompt tokens one sequence prefills per step (`long_prefill_token_threshold`, 0 = no cap)."""
 
     max_num_batched_tokens: int
     max_num_seqs: int
     max_model_len: int
+    long_prefill_token_threshold: int = 0
+
+    def chunk(self, num_tokens: int, budget: int) -> int:
+        """Tokens of a sequence with `num_tokens` uncomputed ones to run within `budget`."""
+        cap = self.long_prefill_token_threshold
+        return min(num_tokens, budget, cap) if cap > 0 else min(num_tokens, budget)
 
 
 @dataclass(slots=True)
@@ -82,7 +89,7 @@ class Scheduler:
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = self.config.chunk(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.block_pool.allocate_slots(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -120,7 +127,7 @@ class Scheduler:
                 skipped.append(self.waiting.popleft())
                 continue
             num_cached_tokens = len(cached) * self.block_pool.block_size
-            num_new = min(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
+            num_new = self.config.chunk(seq.num_tokens - seq.num_computed_tokens - num_cached_tokens, budget)
             if not self.block_pool.allocate_slots(seq, num_new, cached):
                 self._release_adapter(seq)
                 break

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from engine.histogram import HistogramSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,6 +13,13 @@ class EngineStats:
 
     kv_cache_usage: fraction of KV blocks held by sequences (0.0 to 1.0); cached-but-free
     blocks count as free. prefix_cache_*: prompt tokens looked up / served by a hit.
+    prompt_tokens: prompt tokens of requests whose prefill ran (counted once per request, when its
+    first token is produced; a request failed at grammar compile never counts). generation_tokens:
+    output tokens, sampled or forced. forced_tokens: output tokens the grammar forced (appended by
+    jump-forward without sampling). grammar_cache_hits: grammar submits served by the compile cache.
+    grammar_compile_seconds: wall seconds from submit to result of each compile that missed the cache
+    (queueing on the compile pool and backend fallback included). lora_adapters_resident: adapters
+    now in GPU slots.
     """
 
     num_requests_running: int
@@ -23,3 +32,7 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     num_preemptions: int
+    forced_tokens: int = 0
+    grammar_cache_hits: int = 0
+    grammar_compile_seconds: HistogramSnapshot = field(default_factory=HistogramSnapshot)
+    lora_adapters_resident: int = 0

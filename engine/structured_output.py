@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -18,9 +19,16 @@ from constrained import (
     allocate_bitmask,
     fill_all_ones,
 )
+from engine.histogram import BucketHistogram
 from engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+
+GRAMMAR_COMPILE_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Upper bounds (seconds) of the grammar_compile_seconds buckets: most compiles take milliseconds,
+pathological schemas up to the compile timeout (30 s by default)."""
 
 
 class StructuredOutputManager:
@@ -30,6 +38,10 @@ class StructuredOutputManager:
     compile settles, so an idle engine thread can wake up. The bitmask of a step, int32
     [num_sampling_rows, ceil(vocab_size / 32)], is filled on a helper thread while the model's
     forward runs (both release the GIL), constrained rows by their matchers and the rest all ones.
+
+    Metrics (plain counters, read by `LLMEngine.stats`): `num_forced_tokens` (bumped by the engine
+    on jump-forward) and `compile_seconds`, submit-to-result wall seconds of every compile that
+    missed the cache (observed on the compile thread).
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...], max_rows: int,
@@ -40,10 +52,17 @@ class StructuredOutputManager:
         self._filler = ThreadPoolExecutor(1, thread_name_prefix="bitmask-fill")
         self.on_ready = on_ready
         self.num_forced_tokens = 0
+        self.compile_seconds = BucketHistogram(GRAMMAR_COMPILE_BUCKETS_S)
 
     def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
-        """Start (or reuse from cache) the compile of `spec`; never blocks."""
+        """Start (or reuse from cache) the compile of `spec`; never blocks. Engine thread only: a
+        change of the compiler's hit count across the call tells a cache hit from a compile."""
+        start = time.perf_counter()
+        hits_before = self.compiler.stats().cache_hits
         future = self.compiler.submit(spec)
+        if self.compiler.stats().cache_hits == hits_before:
+            histogram = self.compile_seconds
+            future.add_done_callback(lambda _f: histogram.observe(time.perf_counter() - start))
         if self.on_ready is not None:
             callback = self.on_ready
             future.add_done_callback(lambda _f: callback())

@@ -70,6 +70,11 @@ class LoraManager:
         """Running sequences holding each slot."""
         return tuple(self._slot_refs)
 
+    @property
+    def num_resident_adapters(self) -> int:
+        """Adapters whose weights are in a device slot now (held or idle)."""
+        return len(self._slot_of)
+
     def slot_of(self, adapter_id: int) -> int:
         """The slot holding `adapter_id`, -1 for the base model (0) or a non-resident adapter."""
         return self._slot_of.get(adapter_id, -1)

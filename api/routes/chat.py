@@ -19,6 +19,7 @@ from api.request_body import read_body
 from api.response_meta import ResponseMeta
 from api.sampling_from_request import chat_logprobs, sampling_params_from_request
 from api.serving import respond
+from api.tool_call_metrics import tool_call_counter
 from api.tool_choice import chat_constraints
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
@@ -58,6 +59,7 @@ async def create_chat_completion(request: Request, context: Context) -> Response
         include_usage=body.include_usage(),
         continuous_usage=body.continuous_usage(),
         tool_calling=constraints.tool_calling,
+        on_tool_calls=tool_call_counter(request, constraints.tool_calling),
     )
     fmt = LogprobFormatter(engine.tokenizer)
     with grammar_errors_name(constraints.grammar):

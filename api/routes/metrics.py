@@ -1,21 +1,20 @@
-"""GET /metrics: Prometheus text exposition of the engine's state."""
+"""GET /metrics: Prometheus text exposition of the engine's state and the api's request metrics."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.metrics import build_registry
+from api.auth import require_metrics_key
+from api.metrics import app_metrics
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_metrics_key)])
 
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    """Render the registry built for this app (created on first scrape)."""
-    state = request.app.state
-    if getattr(state, "metrics_registry", None) is None:
-        ctx = state.context
-        state.metrics_registry = build_registry(ctx.engine, ctx.served_model_names[0])
-    return Response(generate_latest(state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+    """Render the app's registry (`api/metrics.py`); the API key is needed with --protect-metrics."""
+    serving = app_metrics(request)
+    assert serving is not None, "create_app sets app.state.metrics"
+    return Response(generate_latest(serving.registry), media_type=CONTENT_TYPE_LATEST)

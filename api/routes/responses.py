@@ -32,6 +32,8 @@ from api.responses_stream import response_events, whole_response
 from api.responses_tools import chat_tools, responses_constraints, responses_sampling
 from api.serving import respond
 from api.sse import sse_typed_events
+from api.stream_tracker import track
+from api.tool_call_metrics import tool_call_counter
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -74,12 +76,15 @@ async def create_response(request: Request, context: Context, responses: Respons
         input_items_json=items_json(conversation.input_items),
         tool_calling=generation.constraints.tool_calling,
         store=responses.store if body.store is not False else None,
+        on_tool_calls=tool_call_counter(request, generation.constraints.tool_calling),
     )
     if body.background:
+        context.engine.check_admission()  # refuse now (429 / 500): a queued answer could not be taken back
         queued = run.snapshot("queued")
         await run.save(queued)
+        tracker = track(request, generation.engine_request, hold_record=True)
         responses.background.start(
-            response_id, run_in_background(context.engine, generation.engine_request, run)
+            response_id, run_in_background(context.engine, generation.engine_request, run, tracker)
         )
         return Response(queued.model_dump_json(), media_type=_JSON)
     with grammar_errors_name(generation.constraints.grammar):

@@ -11,7 +11,7 @@ from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.errors import ContextLengthExceeded
+from engine.errors import ContextLengthExceeded, EngineDeadError, EngineOverloaded
 from engine.stats import EngineStats
 from engine.request import CompletionDelta, EngineRequest, RequestOutput, TokenLogprob
 
@@ -93,6 +93,8 @@ class FakeEngine:
 
     Records submitted requests, abort() calls and requests whose generator was closed unfinished
     (`aborted`), like AsyncEngine, which aborts a request whose consumer stops iterating.
+    Like AsyncEngine, refuses new requests when not `healthy` (EngineDeadError) or `overloaded`
+    (EngineOverloaded); `abort_all()` ends every running request with finish_reason "abort".
     """
 
     def __init__(
@@ -111,7 +113,12 @@ class FakeEngine:
         self.step_delay_s = step_delay_s
         self.first_token_delay_s = first_token_delay_s
         self.healthy = True
-        self.fail_after_tokens: int | None = None  # raise RuntimeError mid-stream after this many steps
+        self.overloaded = False
+        self.abort_all_calls = 0
+        self._live: set[str] = set()
+        self._aborting: set[str] = set()
+        self.fail_after_tokens: int | None = None  # raise `failure` mid-stream after this many steps
+        self.failure: Exception = RuntimeError("fake engine failure")
         self.script_for: Callable[[EngineRequest, int], str] | None = None
         self.grammar_error: Exception | None = None
         self.requests: list[EngineRequest] = []
@@ -126,6 +133,7 @@ class FakeEngine:
         return self.script if index == 0 else f"{self.script} #{index}"
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        self.check_admission()
         params = request.sampling_params
         num_prompt = len(request.prompt_token_ids)
         if num_prompt + params.max_tokens > self.max_model_len:
@@ -138,14 +146,20 @@ class FakeEngine:
         plans = [self._plan(request, i) for i in range(params.n)]
         num_steps = max(len(ids) for ids, _, _ in plans)
         done = False
+        self._live.add(request.request_id)
         try:
             await asyncio.sleep(self.first_token_delay_s)
             num_output = 0
             for step in range(num_steps):
                 if self.fail_after_tokens is not None and step >= self.fail_after_tokens:
-                    raise RuntimeError("fake engine failure")
+                    raise self.failure
                 if step:
                     await asyncio.sleep(self.step_delay_s)
+                if request.request_id in self._aborting:
+                    done = True
+                    aborts = [CompletionDelta(i, [], "", finish_reason="abort") for i in range(params.n)]
+                    yield RequestOutput(request.request_id, aborts, num_prompt, 2, num_output, finished=True)
+                    return
                 deltas = []
                 for i, (ids, texts, reason) in enumerate(plans):
                     if step >= len(ids):
@@ -171,6 +185,7 @@ class FakeEngine:
             done = True
             self.completed.append(request.request_id)
         finally:
+            self._live.discard(request.request_id)
             if not done:
                 self.aborted.append(request.request_id)
 
@@ -191,6 +206,16 @@ class FakeEngine:
 
     def abort(self, request_id: str) -> None:
         self.abort_calls.append(request_id)
+
+    def abort_all(self) -> None:
+        self.abort_all_calls += 1
+        self._aborting |= self._live
+
+    def check_admission(self) -> None:
+        if not self.healthy:
+            raise EngineDeadError("the engine is not running")
+        if self.overloaded:
+            raise EngineOverloaded("the server is overloaded: 1 requests are waiting (limit 1); retry later")
 
     def is_healthy(self) -> bool:
         return self.healthy

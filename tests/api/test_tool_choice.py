@@ -3,6 +3,8 @@ template, and the 400s (unknown named tool, conflicts, malformed tool schemas)."
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -54,8 +56,13 @@ async def sent(client: httpx.AsyncClient, engine: FakeEngine, **fields: Any) -> 
     return engine.requests[-1]
 
 
+def closed(spec: GrammarSpec | None) -> GrammarSpec | None:
+    """A tool grammar as the server sends it: argument objects closed (additional_properties False)."""
+    return None if spec is None else dataclasses.replace(spec, additional_properties=False)
+
+
 def hermes(tool_choice: Any, parallel: bool = True, specs: list[ToolSpec] = SPECS) -> GrammarSpec | None:
-    return get_tool_parser("hermes")().grammar_for(specs, tool_choice, parallel)
+    return closed(get_tool_parser("hermes")().grammar_for(specs, tool_choice, parallel))
 
 
 @pytest.mark.parametrize(
@@ -235,7 +242,7 @@ async def test_mistral_keeps_special_tokens(engine: FakeEngine) -> None:
     async with serve(engine, tool_call_parser="mistral") as client:
         request = await sent(client, engine, tools=TOOLS, tool_choice="required")
         assert request.sampling_params.skip_special_tokens is False
-        assert request.grammar_spec == get_tool_parser("mistral")().grammar_for(SPECS, "required", True)
+        assert request.grammar_spec == closed(get_tool_parser("mistral")().grammar_for(SPECS, "required", True))
         assert (
             await sent(client, engine, tools=TOOLS, tool_choice="none")
         ).sampling_params.skip_special_tokens

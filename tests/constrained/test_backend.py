@@ -11,6 +11,7 @@ import json
 import pytest
 
 from constrained import GrammarKind, GrammarSpec, StructuralTag, structural_tag_spec
+from constrained.spec import MAX_JSON_WHITESPACE
 
 K = GrammarKind
 PERSON = {
@@ -39,6 +40,9 @@ CASES = [
     ("json_schema", GrammarSpec(K.JSON_SCHEMA, json.dumps(PERSON)),
      ['{"name":"Ann"}', '{"name":"Ann","age":3}', '{ "name" : "Ann" }', '{"name":"Ann","extra":[true]}'],
      ["{}", '{"name":1}', '{"age":3}', '{"name":"Ann"', '{"name":"Ann"}}', "[]", '{"name":"Ann","age":1.5}']),
+    ("json_schema_bounded_whitespace", GrammarSpec(K.JSON_SCHEMA, json.dumps(PERSON)),
+     ['{\n  "name": "Ann",\n  "age": 3\n}', '{"name":' + " " * MAX_JSON_WHITESPACE + '"Ann"}'],
+     ['{"name":' + " " * (MAX_JSON_WHITESPACE + 1) + '"Ann"}', "{" + "\n" * (MAX_JSON_WHITESPACE + 1) + '"name":"Ann"}']),
     ("json_schema_compact_closed",
      GrammarSpec(K.JSON_SCHEMA, json.dumps(PERSON), any_whitespace=False, additional_properties=False),
      ['{"name":"Ann"}', '{"name":"Ann","age":3}'],

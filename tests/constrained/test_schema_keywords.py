@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from constrained import GrammarCompiler, GrammarConfig, GrammarKind, GrammarSpec, InvalidGrammar
+from constrained.regex_features import find_lookaround
 from constrained.schema_keywords import GUIDANCE_RULES, check_keywords, find_unenforced
 from constrained.xgrammar_keywords import XGRAMMAR_RULES
 
@@ -185,3 +186,24 @@ def test_message_lists_at_most_max_listed():
     schema = {"type": "object", "properties": {f"p{i}": {"not": {}} for i in range(12)}}
     with pytest.raises(InvalidGrammar, match="; and 4 more$"):
         check_keywords(schema, XGRAMMAR_RULES, "json_schema")
+
+
+@pytest.mark.parametrize(
+    ("regex", "offset"),
+    [("(?=b)abc", 0), ("a(?!a)", 1), ("(?<=x)y", 0), ("(?<!x)y", 0), ("[a-z](?=a)", 5), ("[](?=a)", 2),
+     ("\\(?=a)", None), ("[(?=]", None), ("(?<name>a)", None), ("(?:ab)+", None), ("[\\]](?!a)", 4)],
+)
+def test_find_lookaround(regex, offset):
+    assert find_lookaround(regex) == offset
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [GrammarSpec(GrammarKind.REGEX, "^(?=[0-9])[a-z0-9]{4}$"),
+     GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps({"type": "string", "pattern": "(?!a)abc"})),
+     GrammarSpec(GrammarKind.JSON_SCHEMA,
+                 json.dumps({"type": "object", "properties": {"k": {"type": "string", "pattern": "x(?<=x)"}}}))],
+)
+def test_xgrammar_refuses_lookaround_it_would_drop(backends, spec):
+    with pytest.raises(InvalidGrammar, match="lookaround"):
+        backends["xgrammar"].compile(spec)

@@ -80,3 +80,20 @@ def server(tmp_path_factory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("server"))
     yield srv
     stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def batch(request, server):
+    """The generation-heavy requests of the selected acceptance-case files (each test_cases_*.py
+    defining `batch_jobs(server)`), sent to `server` together, once: a `cases_support.Batch`."""
+    from tests.e2e.cases_support import collected_batch_jobs, run_batch
+
+    return run_batch(server, collected_batch_jobs(request.session.items, server))
+
+
+@pytest.fixture(scope="session")
+def case_adapters(tmp_path_factory) -> dict[str, Path]:
+    """The peft adapters of the LoRA acceptance cases (`tests/e2e/cases_lora.py`), name -> folder."""
+    from tests.e2e.cases_lora import build_adapters
+
+    return build_adapters(tmp_path_factory.mktemp("case_adapters"))

@@ -133,3 +133,29 @@ def test_failing_step_fails_only_its_requests(tiny):
         assert async_engine.is_healthy()
     finally:
         async_engine.shutdown()
+
+
+class RejectingMatcher:
+    """A matcher whose grammar refuses every token (as if the bitmask had let a bad token through)."""
+
+    def accept(self, token_ids):
+        return False
+
+
+def test_grammar_rejected_token_fails_the_request_not_stop(tiny):
+    engine = make_engine(tiny)
+    params = SamplingParams(temperature=0.0, n=2, max_tokens=20, ignore_eos=True)
+    engine.add_request(EngineRequest("bad", list(range(20)), params))
+    engine.add_request(EngineRequest("ok", list(range(30, 50)), params))
+    engine.step()
+    engine.structured.start_fill = lambda seqs: None   # no bitmask: the sampled token reaches accept()
+    engine.requests["bad"].seqs[0].matcher = RejectingMatcher()
+    outputs = {out.request_id: out for out in engine.step()}
+    bad = outputs["bad"]
+    assert bad.finished and isinstance(bad.error, EngineStepError) and "grammar rejected" in str(bad.error)
+    assert sorted(d.finish_reason for d in bad.deltas) == ["abort", "error"]
+    assert outputs["ok"].error is None and not outputs["ok"].finished
+    while engine.has_work():
+        assert all(out.error is None for out in engine.step())
+    engine.scheduler.check_invariants()
+    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks

@@ -50,6 +50,23 @@ def test_chunked_prefill_splits_long_prompt():
     assert seq.num_computed_tokens == 20
 
 
+def test_long_prefill_threshold_caps_each_sequence_chunk():
+    pool = BlockPool(64, 4, True)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=40, max_num_seqs=4, max_model_len=256,
+                                      long_prefill_token_threshold=6), pool)
+    a, b = make_seq(0, list(range(14)), max_tokens=1), make_seq(1, list(range(100, 104)), max_tokens=1)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 6, 1: 4}
+    sched.update_after_step(out)
+    second = sched.schedule()
+    assert [s.num_scheduled_tokens for s in second.scheduled if s.seq is a] == [6]
+    sched.update_after_step(second)
+    last = sched.schedule()
+    assert [s.num_scheduled_tokens for s in last.scheduled if s.seq is a] == [2]
+
+
 def test_decodes_are_scheduled_before_prefills():
     sched = new_scheduler(num_blocks=32, max_tokens=16)
     a = make_seq(0, [1, 2, 3], max_tokens=5)

@@ -110,7 +110,9 @@ def test_slots_are_shared_evicted_lru_and_drained() -> None:
     ids = {a.name: a.adapter_id for a in manager.registry.adapters()}
     for name in "abc":
         manager.begin_request(name, 4)
+    assert manager.num_resident_adapters == 0
     assert manager.acquire_slot(ids["a"]) and manager.acquire_slot(ids["a"]) and manager.acquire_slot(ids["b"])
+    assert manager.num_resident_adapters == 2
     assert manager.slot_of(ids["a"]) != manager.slot_of(ids["b"]) and manager.slot_of(0) == -1
     assert not manager.acquire_slot(ids["c"])         # both slots held: c waits, slot of b drains
     assert not manager.acquire_slot(ids["b"])         # no new holder joins a draining slot
@@ -118,6 +120,7 @@ def test_slots_are_shared_evicted_lru_and_drained() -> None:
     manager.release_slot(ids["b"])
     assert manager.acquire_slot(ids["c"])             # b's slot is idle now: c takes it
     assert manager.slot_of(ids["b"]) == -1 and manager.num_slot_loads == 3
+    assert manager.num_resident_adapters == 2         # c replaced b: still two slots in use
     for _ in range(3):
         manager.release_slot(ids["a"])
     manager.release_slot(ids["c"])
