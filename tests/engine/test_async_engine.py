@@ -4,53 +4,31 @@ death (no request is left waiting), and grammar compile crashes / timeouts faili
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 
 import pytest
-import torch
 
 from constrained import CompiledGrammar, GrammarBackend, GrammarCompiler, GrammarConfig, GrammarKind, GrammarSpec
 from constrained.errors import GrammarCompileTimeout
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
 from engine.errors import EngineDeadError, EngineOverloaded, EngineStepError, RequestTimedOut
-from engine.llm_engine import LLMEngine
-from engine.model_loader import load_model_weights
-from engine.model_runner import kv_block_bytes
 from engine.request import EngineRequest, RequestOutput
 from engine.request_deadlines import RequestDeadlines
 from engine.sampling_params import SamplingParams
+from tiny_engine import load_tiny, make_engine
 
-EOS = 255
-MAX_MODEL_LEN = 128
 FAST_S = 5.0   # "at once": well under any timeout a hanging request would hit
-
-
-class ByteTokenizer:
-    """Decodes token id t as chr(32 + t % 90): enough for the detokenizer and VocabInfo."""
-
-    eos_token_id = EOS
-    added_tokens_decoder: dict = {}
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
-        return "".join(chr(32 + i % 90) for i in ids if not (skip_special_tokens and i == EOS))
 
 
 @pytest.fixture
 def tiny(tiny_model_dir):
-    folder, _ = tiny_model_dir("LlamaForCausalLM")
-    model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), MAX_MODEL_LEN)
-    return model, dataclasses.replace(arch, eos_token_ids=(EOS,))
+    return load_tiny(tiny_model_dir)
 
 
 def start(tiny, step_delay_s: float = 0.0, max_consecutive_failures: int = 3, **overrides) -> AsyncEngine:
     """An AsyncEngine over the tiny model; each forward sleeps `step_delay_s` first (slow steps)."""
-    model, arch = tiny
-    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
-    config = EngineConfig(kv_cache_memory_bytes=64 * per_block, **overrides)
-    engine = LLMEngine(config, model, arch, ByteTokenizer(), torch.device("cpu"), torch.float32, MAX_MODEL_LEN)
+    engine = make_engine(tiny, **overrides)
     if step_delay_s:
         execute = engine.runner.execute
 

@@ -3,47 +3,25 @@ tokens = output tokens) and the grammar compile histogram / cache hits of Struct
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-from typing import ClassVar
 
 import pytest
-import torch
 
 from constrained import GrammarConfig, GrammarKind, GrammarSpec, InvalidGrammar
-from engine.config import EngineConfig
 from engine.histogram import BucketHistogram
 from engine.llm_engine import LLMEngine
-from engine.model_loader import load_model_weights
-from engine.model_runner import kv_block_bytes
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutputManager
+from tiny_engine import load_tiny, make_engine
 
-EOS = 255
-MAX_MODEL_LEN = 128
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
-
-
-class ByteTokenizer:
-    """Decodes token id t as chr(32 + t % 90)."""
-
-    eos_token_id = EOS
-    added_tokens_decoder: ClassVar[dict] = {}
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
-        return "".join(chr(32 + i % 90) for i in ids if not (skip_special_tokens and i == EOS))
 
 
 @pytest.fixture
 def engine(tiny_model_dir) -> LLMEngine:
-    folder, _ = tiny_model_dir("LlamaForCausalLM")
-    model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), MAX_MODEL_LEN)
-    arch = dataclasses.replace(arch, eos_token_ids=(EOS,))
-    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
-    config = EngineConfig(kv_cache_memory_bytes=64 * per_block)
-    return LLMEngine(config, model, arch, ByteTokenizer(), torch.device("cpu"), torch.float32, MAX_MODEL_LEN)
+    return make_engine(load_tiny(tiny_model_dir))
 
 
 def test_prompt_tokens_count_only_requests_that_ran(engine: LLMEngine) -> None:

@@ -7,43 +7,19 @@ import asyncio
 import dataclasses
 
 import pytest
-import torch
 
 from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
 from engine.errors import EngineStepError
 from engine.llm_engine import LLMEngine
-from engine.model_loader import load_model_weights
-from engine.model_runner import kv_block_bytes
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
+from tiny_engine import load_tiny, make_engine
 
-EOS = 255
-MAX_MODEL_LEN = 128
-
-
-class ByteTokenizer:
-    """Decodes token id t as chr(32 + t % 90): enough for the detokenizer and VocabInfo."""
-
-    eos_token_id = EOS
-    added_tokens_decoder: dict = {}
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
-        return "".join(chr(32 + i % 90) for i in ids if not (skip_special_tokens and i == EOS))
 
 
 @pytest.fixture
 def tiny(tiny_model_dir):
-    folder, _ = tiny_model_dir("LlamaForCausalLM")
-    model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), MAX_MODEL_LEN)
-    return model, dataclasses.replace(arch, eos_token_ids=(EOS,))
-
-
-def make_engine(tiny, num_blocks: int = 64, **overrides) -> LLMEngine:
-    model, arch = tiny
-    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
-    config = EngineConfig(kv_cache_memory_bytes=num_blocks * per_block, **overrides)
-    return LLMEngine(config, model, arch, ByteTokenizer(), torch.device("cpu"), torch.float32, MAX_MODEL_LEN)
+    return load_tiny(tiny_model_dir)
 
 
 def run_all(engine: LLMEngine, requests: list[EngineRequest]) -> dict[str, list[list[int]]]:

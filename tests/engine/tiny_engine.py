@@ -1,0 +1,42 @@
+"""A tiny random-weight Llama behind an LLMEngine, with a byte tokenizer: the shared setup of the
+engine tests that need real steps but not a real vocabulary."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_loader import load_model_weights
+from engine.model_runner import kv_block_bytes
+
+EOS = 255
+MAX_MODEL_LEN = 128
+
+
+class ByteTokenizer:
+    """Decodes token id t as chr(32 + t % 90): enough for the detokenizer and VocabInfo."""
+
+    eos_token_id = EOS
+    added_tokens_decoder: ClassVar[dict] = {}
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return "".join(chr(32 + i % 90) for i in ids if not (skip_special_tokens and i == EOS))
+
+
+def load_tiny(tiny_model_dir) -> tuple[Any, Any]:
+    """(model, arch) of the tiny random Llama from the `tiny_model_dir` fixture, EOS = 255."""
+    folder, _ = tiny_model_dir("LlamaForCausalLM")
+    model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), MAX_MODEL_LEN)
+    return model, dataclasses.replace(arch, eos_token_ids=(EOS,))
+
+
+def make_engine(tiny: tuple[Any, Any], num_blocks: int = 64, **overrides: Any) -> LLMEngine:
+    """An LLMEngine over `tiny` with `num_blocks` KV blocks of 16 tokens; `overrides` go to EngineConfig."""
+    model, arch = tiny
+    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
+    config = EngineConfig(kv_cache_memory_bytes=num_blocks * per_block, **overrides)
+    return LLMEngine(config, model, arch, ByteTokenizer(), torch.device("cpu"), torch.float32, MAX_MODEL_LEN)
