@@ -185,7 +185,7 @@ def invalid_request_from_errors(errors: list[Any], data: Any) -> ApiError:
         return InvalidRequest("invalid request body")
     if errors[0]["type"] == "json_invalid":
         return InvalidRequest(f"the request body is not valid JSON: {errors[0]['msg']}")
-    paths = [_param_path(tuple(e["loc"]), data) for e in errors]
+    paths = [_param_path(tuple(e["loc"]), data, e.get("type") == "missing") for e in errors]
     # the deepest path is the union member that matched furthest (e.g. the bad part of a list)
     param = max(paths, key=lambda p: (p or "").count(".") + (p or "").count("["))
     group = [e for e, p in zip(errors, paths, strict=True) if p == param]
@@ -202,7 +202,10 @@ def invalid_request_from_errors(errors: list[Any], data: Any) -> ApiError:
     return InvalidRequest(f"Invalid value for '{param}': {message}" if param else message, param=param)
 
 
-def _param_path(loc: tuple[Any, ...], data: Any) -> str | None:
+def _param_path(loc: tuple[Any, ...], data: Any, missing: bool = False) -> str | None:
+    """The request-body path of a pydantic error `loc` ("messages[0].content"), keeping only keys
+    present in `data`; a last key absent from `data` counts only when the error is `missing`
+    (otherwise it is a union member tag such as 'str' for a dict sent where a string belongs)."""
     if loc and loc[0] in ("body", "query", "path", "header"):
         loc = loc[1:]
     parts: list[str] = []
@@ -214,7 +217,7 @@ def _param_path(loc: tuple[Any, ...], data: Any) -> str | None:
         elif isinstance(key, str) and (data is None or (isinstance(current, dict) and key in current)):
             parts.append(f".{key}" if parts else key)
             current = current.get(key) if isinstance(current, dict) else None
-        elif isinstance(key, str) and i == len(loc) - 1 and isinstance(current, dict) and "[" not in key:
+        elif missing and isinstance(key, str) and i == len(loc) - 1 and isinstance(current, dict) and "[" not in key:
             parts.append(f".{key}" if parts else key)  # a missing field ("literal[...]" is a union tag)
         # anything else is a union member tag ('str', 'list[int]', 'user'), not part of the path
     return "".join(parts) or None

@@ -48,6 +48,8 @@ CHAT_INVALID = [
     ({"presence_penalty": 3}, "presence_penalty"),
     ({"frequency_penalty": -2.5}, "frequency_penalty"),
     ({"stop": 5}, "stop"),
+    ({"stop": {"a": 1}}, "stop"),  # an object where a union of str / list belongs: no "stop.str"
+    ({"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages[0].content"),
     ({"stop": [""]}, "stop"),
     ({"seed": "abc"}, "seed"),
     ({"stream": "yes"}, "stream"),
@@ -162,6 +164,7 @@ async def test_not_yet_supported_features_say_so(
         ({"prompt": [1, 99999]}, "prompt", None),
         ({"prompt": [[1], [-1]]}, "prompt[1]", None),
         ({"prompt": ["a", 1]}, "prompt[1]", None),
+        ({"prompt": {"text": "x"}}, "prompt", None),
         ({"logprobs": 21}, "logprobs", None),
         ({"logprobs": True}, "logprobs", None),
         ({"max_tokens": -1}, "max_tokens", None),
