@@ -102,7 +102,8 @@ def _delta_messages(
 ) -> list[DeltaMessage]:
     """The deltas to send for one engine delta (one carrying only logprobs when the text is held)."""
     if stream is not None:
-        messages = stream.deltas(delta.text, final=delta.finish_reason is not None)
+        messages = stream.deltas(delta.text, final=delta.finish_reason is not None,
+                                 cut=delta.finish_reason == "length")
     else:
         messages = [DeltaMessage(content=delta.text)] if delta.text else []
     if not messages and logprobs is not None and logprobs.content:
@@ -144,7 +145,8 @@ def _whole_choice(
     if tool_calling is None:
         message = ChatCompletionMessage(content=text)
     else:
-        content, calls = split_tool_calls(tool_calling.new_parser(), text, options.on_tool_calls)
+        content, calls = split_tool_calls(tool_calling.new_parser(), text, options.on_tool_calls,
+                                          cut=finish_reason == "length")
         message = ChatCompletionMessage(content=content, tool_calls=calls or None)
         finish_reason = finish_reason_with_calls(finish_reason, bool(calls))
     return ChatCompletionChoice(index=index, message=message, finish_reason=finish_reason)

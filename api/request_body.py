@@ -7,8 +7,9 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
-from api.errors import InvalidRequest, invalid_request_from_errors
+from api.errors import ClientDisconnected, InvalidRequest, invalid_request_from_errors
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -27,8 +28,13 @@ def parse_body(raw: bytes, model: type[ModelT]) -> ModelT:
 
 
 async def read_body(request: Request, model: type[ModelT]) -> ModelT:
-    """Read the whole body of `request` and validate it as `model` (see parse_body)."""
-    return parse_body(await request.body(), model)
+    """Read the whole body of `request` and validate it as `model` (see parse_body). Raises
+    ClientDisconnected (499, logged as aborted) when the client leaves before the body is in."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise ClientDisconnected("the client disconnected before sending the whole body") from None
+    return parse_body(raw, model)
 
 
 def _loads_or_none(raw: bytes) -> Any:

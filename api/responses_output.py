@@ -77,11 +77,12 @@ class ResponseOutputBuilder:
         )
         self._open: _OpenMessage | _OpenCall | None = None
 
-    def feed(self, text: str, final: bool = False) -> list[StreamEvent]:
-        """Events for the next text delta (`final`: the last one; the parser flushes what it holds)."""
+    def feed(self, text: str, final: bool = False, cut: bool = False) -> list[StreamEvent]:
+        """Events for the next text delta (`final`: the last one; the parser flushes what it holds;
+        `cut`: it stopped at max_output_tokens, so a partial call it holds is dropped)."""
         if self._calls is None:
             return self._text(text) if text else []
-        result = self._calls.parse(text, final)
+        result = self._calls.parse(text, final, cut)
         events = self._text(result.content) if result.content else []
         for piece in result.deltas:
             events.extend(self._call_piece(piece))

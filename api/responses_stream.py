@@ -46,7 +46,7 @@ async def _item_events(
         async for _, out in outputs:
             for delta in out.deltas:
                 final = delta.finish_reason is not None
-                for event in builder.feed(delta.text, final):
+                for event in builder.feed(delta.text, final, cut=delta.finish_reason == "length"):
                     yield event
                 progress.finish_reason = delta.finish_reason or progress.finish_reason
             progress.last = out

@@ -21,14 +21,14 @@ def message_tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
 
 
 def split_tool_calls(
-    parser: ToolParser, text: str, on_calls: ToolCallObserver | None = None
+    parser: ToolParser, text: str, on_calls: ToolCallObserver | None = None, cut: bool = False
 ) -> tuple[str | None, list[ToolCall]]:
     """(content, tool_calls) of one choice's whole output text; `on_calls` sees the parsed calls.
 
     Content is None when calls were made and no other text was written; text that is not a
     well-formed call stays in the content verbatim (never dropped, never an error).
     """
-    result = parser.parse(text)
+    result = parser.parse(text, cut)
     if on_calls is not None and result.tool_calls:
         on_calls(result.tool_calls)
     calls = message_tool_calls(result.tool_calls)
@@ -37,6 +37,7 @@ def split_tool_calls(
 
 
 def finish_reason_with_calls(engine_reason: str | None, made_calls: bool) -> str | None:
-    """ "tool_calls" when the choice made calls (the engine ends a forced call with "stop"), else the
-    engine's reason ("stop", "length")."""
-    return "tool_calls" if made_calls else engine_reason
+    """ "tool_calls" when the choice made calls and ended on its own (the engine ends a forced call
+    with "stop"); "length" whenever max_tokens cut the output, calls or not, so a client can tell a
+    cut-off answer (as OpenAI reports it); else the engine's reason."""
+    return "tool_calls" if made_calls and engine_reason != "length" else engine_reason

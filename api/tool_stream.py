@@ -25,23 +25,25 @@ class ToolCallStream:
         self._on_calls = on_calls
         self.made_calls = False
 
-    def parse(self, text: str, final: bool) -> ParseResult:
-        """The parser's result for the next text delta; with `final`, also everything held back."""
+    def parse(self, text: str, final: bool, cut: bool = False) -> ParseResult:
+        """The parser's result for the next text delta; with `final`, also everything held back
+        (`cut`: the output stopped at max_tokens, so a held-back partial call is dropped)."""
         result = self._parser.feed(text) if text else ParseResult()
         if final:
-            result.extend(self._parser.finish())
+            result.extend(self._parser.finish(cut))
         if result.tool_calls:
             self.made_calls = True
             if self._on_calls is not None:
                 self._on_calls(result.tool_calls)
         return result
 
-    def deltas(self, text: str, final: bool) -> list[DeltaMessage]:
-        """Chunk deltas for the next text delta; with `final`, also everything still held back.
+    def deltas(self, text: str, final: bool, cut: bool = False) -> list[DeltaMessage]:
+        """Chunk deltas for the next text delta; with `final`, also everything still held back
+        (see `parse` for `cut`).
 
         Content comes first, then one delta per tool-call piece (header, then arguments).
         """
-        result = self.parse(text, final)
+        result = self.parse(text, final, cut)
         messages = [DeltaMessage(content=result.content)] if result.content else []
         for piece in result.deltas:
             messages.append(DeltaMessage(tool_calls=[delta_tool_call(piece)]))

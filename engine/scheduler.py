@@ -142,6 +142,8 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
         self.waiting.extendleft(reversed(skipped))
+        if self.lora is not None:
+            self.lora.end_admission()
         return budget
 
     def _prefix_in_flight(self, seq: Sequence, num_hit_blocks: int) -> bool:

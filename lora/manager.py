@@ -3,9 +3,12 @@
 Residency rules (engine thread): a sequence holds a slot reference while it is RUNNING
 (`acquire_slot` at admission, `release_slot` at preemption or finish), so a slot in use is never
 rewritten. A sequence whose adapter is not resident takes a free slot, else the least recently
-used slot nobody holds (unloaded adapters first). When every slot is held, it waits, and the
-slot with the fewest holders is marked draining: no new sequence joins it, so the waiting one
-gets it once its holders finish (no starvation behind popular adapters).
+used slot nobody holds (unloaded adapters first). When every slot is held, it waits, and at the
+end of that admission pass (`end_admission`) the slot with the fewest holders is marked
+draining: no new sequence joins it, so the waiting one gets it once its holders finish (no
+starvation behind popular adapters). Draining starts only after the pass so that every queued
+sequence of a resident adapter joins its slot first: with one slot and a queue alternating two
+adapters, draining at the first refusal let one sequence run at a time.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class LoraManager:
         self._slot_last_used: list[int] = [0] * num
         self._slot_of: dict[int, int] = {}
         self._draining: int | None = None
+        self._drain_wanted = False                      # a sequence was refused a slot this pass
         self._clock = 0
         self.num_slot_loads = 0
         for module in config.modules:
@@ -81,8 +85,8 @@ class LoraManager:
 
     def acquire_slot(self, adapter_id: int) -> bool:
         """Take a slot reference for one sequence of the pinned adapter `adapter_id`, loading it
-        into a slot first when needed. False when it must wait; then, if every slot is held and
-        none drains yet, the slot with the fewest holders starts draining (see the module doc)."""
+        into a slot first when needed. False when it must wait; then, if every slot is held, a
+        slot starts draining at the end of this admission pass (see `end_admission`)."""
         self._clock += 1
         slot = self._slot_of.get(adapter_id)
         if slot is not None:
@@ -93,13 +97,20 @@ class LoraManager:
         else:
             slot = self._free_slot()
             if slot is None:
-                if self._draining is None:
-                    self._draining = min(range(len(self._slot_refs)), key=lambda s: self._slot_refs[s])
+                self._drain_wanted = True
                 return False
             self._load(slot, adapter_id)
         self._slot_refs[slot] += 1
         self._slot_last_used[slot] = self._clock
         return True
+
+    def end_admission(self) -> None:
+        """The scheduler's pass over the waiting queue is over: if a sequence was refused a slot
+        because every slot is held, and none drains yet, the slot with the fewest holders starts
+        draining (see the module doc)."""
+        if self._drain_wanted and self._draining is None:
+            self._draining = min(range(len(self._slot_refs)), key=lambda s: self._slot_refs[s])
+        self._drain_wanted = False
 
     def release_slot(self, adapter_id: int) -> None:
         """Drop one sequence's slot reference (preemption or finish)."""

@@ -188,14 +188,15 @@ class ToolParser(ABC):
         Raises UnknownTool for a named choice outside `tools`, InvalidToolChoice for a bad value.
         """
 
-    def parse(self, text: str) -> ParseResult:
+    def parse(self, text: str, cut: bool = False) -> ParseResult:
         """Parse a whole output into content and tool calls; never raises on malformed calls.
 
-        Uses a fresh state (`type(self)(self.tools)`), so it does not touch this instance's stream.
+        `cut`: the output was cut short (max_tokens), see `finish`. Uses a fresh state
+        (`type(self)(self.tools)`), so it does not touch this instance's stream.
         """
         state = type(self)(self.tools)
         result = state.feed(text)
-        result.extend(state.finish())
+        result.extend(state.finish(cut))
         return result
 
     def feed(self, delta: str) -> ParseResult:
@@ -212,13 +213,22 @@ class ToolParser(ABC):
             self._memo.clear()
         return self._emit(segments)
 
-    def finish(self) -> ParseResult:
-        """End of output: decide and return everything still held back (partial markers, open blocks)."""
+    def finish(self, cut: bool = False) -> ParseResult:
+        """End of output: decide and return everything still held back (partial markers, open blocks).
+
+        `cut` (the output stopped at max_tokens): text still undecided at that point is a call the
+        limit cut off, so it is dropped rather than returned as content (its calls, when it holds
+        complete ones, are kept); without `cut`, undecided text becomes content verbatim.
+        """
         if self._finished:
             return ParseResult()
         self._finished = True
-        segments, num_consumed = self._scan(self._buffer, final=True)
-        assert num_consumed == len(self._buffer), "final scan must consume everything"
+        segments, num_consumed = self._scan(self._buffer, final=not cut)
+        if cut:   # every consumed position is a top-level restart point: scan the rest on its own
+            rest, _ = self._scan(self._buffer[num_consumed:], final=True)
+            segments.extend(s for s in rest if not isinstance(s, Text))
+        else:
+            assert num_consumed == len(self._buffer), "final scan must consume everything"
         self._buffer = ""
         result = self._emit(segments)
         result.content += self._emitter.finish()

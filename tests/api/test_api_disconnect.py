@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -120,3 +121,24 @@ async def test_other_requests_finish_while_one_is_abandoned(
     await asyncio.wait_for(task, 2)
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "1\n2\n3"
     assert len(slow_engine.aborted) == 1 and len(slow_engine.completed) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/responses"])
+async def test_disconnect_while_sending_the_body_is_an_abort(path: str, caplog) -> None:
+    """A client that leaves half way through its body gets a 499 and an `aborted` log line, not an
+    unhandled-error traceback."""
+    caplog.set_level(logging.INFO, logger="api.request_log")
+    engine = FakeEngine()
+    app = create_app(engine, ServerConfig(sse_ping_interval_s=0))
+    call = AsgiCall(app, path, chat_body())
+    messages = iter([{"type": "http.request", "body": call.body[:10], "more_body": True},
+                     {"type": "http.disconnect"}])
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    call.receive = receive  # type: ignore[method-assign]
+    await asyncio.wait_for(call.start(), 2)
+    assert call.messages[0]["status"] == 499 and engine.requests == []
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert "outcome=aborted" in caplog.text

@@ -171,13 +171,28 @@ async def test_malformed_call_stays_content(client: openai.AsyncOpenAI, engine: 
 
 
 async def test_cut_inside_a_call_is_length(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
+    # the cut-off call is dropped: its marker text never reaches content
     text = "Sure.\n" + call_text("get_weather", {"city": "Dublin"})
     play(engine, text)
     result = await whole(client, max_tokens=30)
     assert result.choices[0].finish_reason == "length"
-    assert result.choices[0].message.content == text[:30] and result.choices[0].message.tool_calls is None
+    assert result.choices[0].message.content == "Sure.\n" and result.choices[0].message.tool_calls is None
     content, calls, reasons = reassemble(await chunks(client, max_tokens=30))
-    assert content == text[:30] and calls == [] and reasons == ["length"]
+    assert content == "Sure.\n" and calls == [] and reasons == ["length"]
+
+
+async def test_cut_inside_a_second_call_keeps_the_first(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
+    first = call_text("get_weather", {"city": "Dublin"})
+    text = first + "\n" + call_text("get_weather", {"city": "Cork"})
+    play(engine, text)
+    limit = len(first) + 20
+    result = await whole(client, max_tokens=limit)
+    choice = result.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.content
+    assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [{"city": "Dublin"}]
+    content, calls, reasons = reassemble(await chunks(client, max_tokens=limit))
+    assert content == "" and [json.loads(c["arguments"]) for c in calls] == [{"city": "Dublin"}]
+    assert reasons == ["length"]
 
 
 async def test_named_choice_stream(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:

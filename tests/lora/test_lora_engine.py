@@ -121,6 +121,29 @@ def test_more_adapters_than_slots_under_concurrent_load(setup) -> None:
     assert all(refs == 0 for refs in engine.lora.slot_refs)
 
 
+def test_one_slot_runs_each_adapters_queued_requests_together(setup) -> None:
+    """Two adapters alternating in the queue, one slot: each adapter's queued requests share the
+    slot in one batch (draining at the first refusal used to run them one at a time)."""
+    base_dir, folders, reference = setup
+    engine = make_engine(base_dir, LoraConfig(max_loras=1, max_lora_rank=8, modules=modules(folders, "ad1", "ad2")))
+    requests = {f"r{i}": (("ad1", "ad2")[i % 2], list(range(20 + i, 30 + i))) for i in range(12)}
+    for rid, (adapter, prompt) in requests.items():
+        engine.add_request(greedy_request(rid, prompt, NUM_NEW_TOKENS, adapter))
+    batch_sizes = []
+    execute = engine.runner.execute
+
+    def spy(sched):
+        batch_sizes.append(len(sched.scheduled))
+        return execute(sched)
+
+    engine.runner.execute = spy
+    outputs = run_to_completion(engine)
+    for rid, (adapter, prompt) in requests.items():
+        assert outputs[rid] == reference(adapter, prompt), rid
+    assert max(batch_sizes) == 6 and len(batch_sizes) == 2 * NUM_NEW_TOKENS
+    assert engine.lora.slot_refs == (0,) and engine.lora.num_slot_loads == 2
+
+
 def test_unload_waits_for_running_requests_and_load_while_running(setup) -> None:
     base_dir, folders, reference = setup
     engine = make_engine(base_dir, LoraConfig(max_loras=2, max_lora_rank=8, modules=modules(folders, "ad1")))

@@ -114,7 +114,8 @@ def test_slots_are_shared_evicted_lru_and_drained() -> None:
     assert manager.acquire_slot(ids["a"]) and manager.acquire_slot(ids["a"]) and manager.acquire_slot(ids["b"])
     assert manager.num_resident_adapters == 2
     assert manager.slot_of(ids["a"]) != manager.slot_of(ids["b"]) and manager.slot_of(0) == -1
-    assert not manager.acquire_slot(ids["c"])         # both slots held: c waits, slot of b drains
+    assert not manager.acquire_slot(ids["c"])         # both slots held: c waits
+    manager.end_admission()                           # after the pass, b's slot (fewest holders) drains
     assert not manager.acquire_slot(ids["b"])         # no new holder joins a draining slot
     assert manager.acquire_slot(ids["a"])
     manager.release_slot(ids["b"])
