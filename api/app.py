@@ -14,6 +14,7 @@ from api.draining import DrainMiddleware, DrainState
 from api.errors import install_error_handlers
 from api.metrics import ServingMetrics
 from api.middleware import RequestIdMiddleware
+from api.openapi_schema import install_openapi
 from api.request_log import RequestLogMiddleware
 from api.responses_state import ResponsesState
 from api.responses_store import ResponsesStore
@@ -25,7 +26,8 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     /tokenize, /detokenize, /health, /version; OpenAI error bodies; x-request-id on every response;
     503 for new requests once `app.state.drain` drains (`api/shutdown.py`); /metrics from
     `app.state.metrics` (`api/metrics.py`); one log line per generation request (`api/request_log.py`);
-    CORS only when `server_config.allowed_origins` is set.
+    CORS only when `server_config.allowed_origins` is set; /openapi.json with the request bodies
+    and error objects the routes really use (`api/openapi_schema.py`).
 
     Opens the responses store (`server_config.responses_db`; raises sqlite3.Error / OSError when it
     cannot). The app does not own the engine: whoever started it shuts it down. At shutdown the
@@ -48,6 +50,7 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     for module in (chat, completions, responses, models, tokenize, health, metrics, lora):
         app.include_router(module.router)
     install_error_handlers(app)
+    install_openapi(app)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)   # inside RequestIdMiddleware: 503s get an id
     app.add_middleware(RequestLogMiddleware)   # inside RequestIdMiddleware (reads its id), outside the drain
     app.add_middleware(RequestIdMiddleware)

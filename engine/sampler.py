@@ -10,6 +10,8 @@ from engine.request import TokenLogprob
 from engine.sequence import Sequence
 from kernels.apply_bitmask import apply_bitmask
 
+_MIN_REPETITION_PENALTY = 1e-6
+
 
 @dataclass(slots=True)
 class SamplerOutput:
@@ -67,7 +69,10 @@ class Sampler:
                 seen = torch.tensor(seq.token_ids, dtype=torch.long).unique()
                 seen = seen[seen < self.vocab_size]
                 vals = logits[i, seen]
-                logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+                # clamped: a factor that is 0 or inf in float32 would make inf / NaN logits, while
+                # beyond 1e6 either way the seen tokens are already forced or banned
+                penalty = min(max(p.repetition_penalty, _MIN_REPETITION_PENALTY), 1 / _MIN_REPETITION_PENALTY)
+                logits[i, seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
             if (p.presence_penalty or p.frequency_penalty) and seq.num_output_tokens:
                 out = torch.tensor(seq.output_token_ids, dtype=torch.long)
                 counts = torch.bincount(out, minlength=self.vocab_size)[: self.vocab_size].to(logits.dtype)
@@ -132,5 +137,6 @@ def _top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -
         probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
         before = probs.cumsum(dim=-1) - probs          # mass strictly above each token
         drop |= before >= torch.tensor(top_ps, dtype=probs.dtype).unsqueeze(1)
+        drop[:, 0] = False      # a top_p that rounds to 0 in float32 must still keep the top token
     sorted_logits.masked_fill_(drop, float("-inf"))
     logits.scatter_(1, order, sorted_logits)

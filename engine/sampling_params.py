@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidSamplingParams
 
+GREEDY_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy (vLLM's epsilon): dividing float32 logits by a temperature
+near or under float32's smallest normal overflows to inf, and the draw degenerates to token 0."""
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -60,5 +64,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when the choice is argmax (temperature 0)."""
-        return self.temperature == 0.0
+        """True when the choice is argmax (temperature below GREEDY_TEMPERATURE)."""
+        return self.temperature < GREEDY_TEMPERATURE

@@ -39,7 +39,12 @@ _UNSUPPORTED = {
 def read_adapter_config(folder: Path) -> dict[str, Any]:
     """The parsed adapter_config.json of `folder`; raises InvalidLoraAdapter when the folder or
     either file is missing, or the config is not a LoRA config we can serve."""
-    if not folder.is_dir():
+    try:
+        is_dir = folder.is_dir()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise InvalidLoraAdapter(f"LoRA adapter folder {folder} cannot be read: {exc.strerror}",
+                                 param="lora_path") from None
+    if not is_dir:
         raise InvalidLoraAdapter(f"LoRA adapter folder {folder} does not exist", param="lora_path")
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
@@ -78,7 +83,10 @@ def load_peft_adapter(path: str, spec: LoraModelSpec, max_lora_rank: int) -> Lor
     tensors whose layers or shapes do not match the base model; missing A/B halves; non-finite
     values. Reads the whole file (seconds for big adapters; call off the event loop).
     """
-    folder = Path(path).expanduser()
+    try:
+        folder = Path(path).expanduser()
+    except RuntimeError:  # `~name` of a user that does not exist
+        raise InvalidLoraAdapter(f"LoRA adapter folder {path} does not exist", param="lora_path") from None
     config = read_adapter_config(folder)
     r, use_rslora = int(config["r"]), bool(config.get("use_rslora", False))
     alpha = float(config.get("lora_alpha", r))

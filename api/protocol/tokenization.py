@@ -17,7 +17,7 @@ class TokenizeRequest(RequestModel):
 
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     tools: list[Tool] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool | None = True

@@ -14,7 +14,7 @@ from api.protocol.common import ErrorInfo, ErrorResponse
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", response_class=Response)
 async def health(context: Context) -> Response:
     """200 with an empty body while the engine runs; 503 with an error body once it has stopped."""
     if context.engine.is_healthy():

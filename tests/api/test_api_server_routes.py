@@ -115,3 +115,11 @@ async def test_tokenize_and_detokenize(client: httpx.AsyncClient) -> None:
         "/tokenize", json={"prompt": "x", "messages": [{"role": "user", "content": "x"}]}
     )
     assert both.status_code == 400
+
+
+async def test_tokenize_empty_messages_is_a_400(client: httpx.AsyncClient) -> None:
+    # fuzzing regression: [] reached the chat template, whose ValueError became a 500
+    for extra in ({}, {"continue_final_message": True, "add_generation_prompt": False}):
+        response = await client.post("/tokenize", json={"messages": [], **extra})
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "messages"

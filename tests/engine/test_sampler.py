@@ -96,3 +96,23 @@ def test_logprobs_after_masking():
     assert {t for t, _ in entry.top} == {2, 3}
     probs = torch.tensor([lp for _, lp in entry.top]).exp()
     assert abs(float(probs.sum()) - 1.0) < 1e-5
+
+
+def test_values_that_are_zero_or_inf_in_float32_do_not_break_the_draw():
+    """Fuzzing regression: temperature / top_p / repetition_penalty that are valid but round to 0
+    or overflow in float32 (5e-324, 1e300) gave inf / NaN logits and token 0 on every step."""
+    logits = logits_batch(1, seed=5)
+    logits[0, 0] = -50.0                                  # a NaN row degenerates to token 0
+    logits[0, [5, 6, 7]] = torch.tensor([4.0, 2.0, 1.0])  # the prompt's tokens (see `seq`)
+    logits[0, 50] = 10.0
+    sampler = Sampler(VOCAB, (EOS,))
+
+    def pick(**kwargs: float) -> int:
+        return sampler.sample(logits.clone(), [seq(SamplingParams(**kwargs))]).token_ids[0]
+
+    for _ in range(5):
+        assert pick(temperature=5e-324) == 50
+        assert pick(temperature=1e-45) == 50
+        assert pick(top_p=5e-324) == 50
+        assert pick(repetition_penalty=5e-324, temperature=0.5) == 5    # seen tokens forced, the best one
+        assert pick(repetition_penalty=1e300, temperature=0.5) not in (0, 5, 6, 7)

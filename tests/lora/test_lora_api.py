@@ -91,6 +91,8 @@ async def test_bad_adapter_folders_are_400s_and_serving_goes_on(client, setup, t
     cases = [
         ({"lora_name": "x", "lora_path": str(tmp_path / "missing")}, "invalid_lora_adapter", "does not exist"),
         ({"lora_name": "x", "lora_path": str(tmp_path / "empty")}, "invalid_lora_adapter", "no adapter_config.json"),
+        ({"lora_name": "x", "lora_path": "~no-such-user-x/a"}, "invalid_lora_adapter", "does not exist"),
+        ({"lora_name": "x", "lora_path": "a" * 300}, "invalid_lora_adapter", "cannot be read"),
         ({"lora_name": "x", "lora_path": str(folders["big"])}, "invalid_lora_adapter", "exceeds --max-lora-rank 8"),
         ({"lora_name": "ad1", "lora_path": str(folders["ad2"])}, "lora_adapter_exists", "already been loaded"),
         ({"lora_name": "tiny", "lora_path": str(folders["ad2"])}, None, "base model's name"),

@@ -136,3 +136,12 @@ def test_adapters_of_other_models_are_refused(tmp_path: Path) -> None:
     save_file(tensors, str(nan_folder / "adapter_model.safetensors"))
     with pytest.raises(InvalidLoraAdapter, match="NaN"):
         load_peft_adapter(str(nan_folder), SPEC, max_lora_rank=8)
+
+
+@pytest.mark.parametrize("path", ["~no-such-user-structserve/adapter", "a" * 300])
+def test_unreadable_paths_are_refused(path: str) -> None:
+    # fuzzing regression: `~name` of an unknown user (RuntimeError) and a name the file system
+    # refuses (OSError ENAMETOOLONG) escaped as 500s from /v1/load_lora_adapter
+    with pytest.raises(InvalidLoraAdapter) as info:
+        load_peft_adapter(path, SPEC, max_lora_rank=8)
+    assert info.value.param == "lora_path"
