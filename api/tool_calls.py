@@ -37,7 +37,7 @@ def split_tool_calls(
 
 
 def finish_reason_with_calls(engine_reason: str | None, made_calls: bool) -> str | None:
-    """ "tool_calls" when the choice made calls and ended on its own (the engine ends a forced call
-    with "stop"); "length" whenever max_tokens cut the output, calls or not, so a client can tell a
-    cut-off answer (as OpenAI reports it); else the engine's reason."""
-    return "tool_calls" if made_calls and engine_reason != "length" else engine_reason
+    """ "tool_calls" when the choice made calls (the engine ends a forced call with "stop"; a further
+    call cut off by max_tokens is dropped, so the calls returned are whole), else the engine's
+    reason ("stop", "length"), as vLLM reports it."""
+    return "tool_calls" if made_calls else engine_reason

@@ -188,11 +188,11 @@ async def test_cut_inside_a_second_call_keeps_the_first(client: openai.AsyncOpen
     limit = len(first) + 20
     result = await whole(client, max_tokens=limit)
     choice = result.choices[0]
-    assert choice.finish_reason == "length" and not choice.message.content
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
     assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [{"city": "Dublin"}]
     content, calls, reasons = reassemble(await chunks(client, max_tokens=limit))
     assert content == "" and [json.loads(c["arguments"]) for c in calls] == [{"city": "Dublin"}]
-    assert reasons == ["length"]
+    assert reasons == ["tool_calls"]
 
 
 async def test_named_choice_stream(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
