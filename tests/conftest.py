@@ -63,3 +63,14 @@ def tiny_model_dir(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
         return folder, save_tiny_model(folder, architecture, seed, **overrides)
 
     return make
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run the test on one torch thread: tiny matmuls are far slower on two contended threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

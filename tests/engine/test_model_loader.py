@@ -29,13 +29,7 @@ HF_TO_GGUF = {
 GGUF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny matmuls are far slower on two contended threads than on one."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def gguf_name(hf_name: str) -> str:

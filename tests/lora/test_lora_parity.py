@@ -27,12 +27,7 @@ NUM_NEW_TOKENS = 12
 PROMPT_LENS = {"ad1": 9, "ad2": 14, "ad3": 5, "base": 11, "ad2-again": 6}
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

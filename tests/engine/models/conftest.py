@@ -10,8 +10,5 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_torch_thread: None) -> None:
+    """Every parity test here runs on one torch thread (tests/conftest.py)."""
