@@ -3,10 +3,8 @@ matmuls of these models tens of times slower with two threads."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
