@@ -3,7 +3,6 @@ matmuls of these models tens of times slower with two threads."""
 
 from __future__ import annotations
 
-
 import pytest
 
 
