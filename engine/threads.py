@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from engine.models.packed_linear import linear, prepack_weight
+
 logger = logging.getLogger(__name__)
 
 
@@ -19,8 +21,9 @@ def available_cores() -> int:
 
 def measure_best_threads(hidden_size: int, intermediate_size: int, num_rows: int = 32,
                          candidates: list[int] | None = None, repeats: int = 8) -> int:
-    """Time a decode-sized MLP matmul ([num_rows, hidden] x [hidden, 2*intermediate], float32) at
-    each thread count and return the fastest (median of `repeats`; about a second in all).
+    """Time a decode-sized MLP matmul ([num_rows, hidden] x [hidden, 2*intermediate], float32, through
+    the same path the model uses: engine/models/packed_linear.py) at each thread count and return
+    the fastest (median of `repeats`; about a second in all).
 
     Why measure: on a 2-core box that is busy with other work, OpenMP barriers make small matmuls
     many times slower with two threads than with one, while on an idle box two threads win.
@@ -28,15 +31,16 @@ def measure_best_threads(hidden_size: int, intermediate_size: int, num_rows: int
     candidates = candidates or list(range(1, available_cores() + 1))
     x = torch.randn(num_rows, hidden_size)
     w = torch.randn(2 * intermediate_size, hidden_size)
+    packed = prepack_weight(w)
     timings: dict[int, float] = {}
     for n in candidates:
         torch.set_num_threads(n)
         for _ in range(3):
-            torch.nn.functional.linear(x, w)
+            linear(x, w, None, packed)
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()
-            torch.nn.functional.linear(x, w)
+            linear(x, w, None, packed)
             samples.append(time.perf_counter() - start)
         timings[n] = statistics.median(samples)
     best = min(timings, key=lambda n: timings[n])

@@ -17,6 +17,7 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.errors import ModelLoadError
 from engine.models.arch import ModelArch
+from engine.models.packed_linear import linear, prepack_weight
 from engine.models.rope import apply_rope, rope_cos_sin_cache, rope_inv_freq
 from kernels.paged_attention import paged_attention, write_kv
 from lora.targets import LoraModelSpec, llama_lora_spec
@@ -55,6 +56,15 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = param(hidden)
         self.gate_up_weight = param(2 * arch.intermediate_size, hidden)
         self.down_weight = param(hidden, arch.intermediate_size)
+        # oneDNN-reordered copies of the four projection weights (packed_linear.py), set by prepack()
+        self._packed: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
+
+    def prepack(self) -> None:
+        """Reorder the projection weights for the CPU float32 fast path (no-op elsewhere); call after
+        every change to the weights."""
+        weights = {"qkv": self.qkv_weight, "o": self.o_weight, "gate_up": self.gate_up_weight,
+                   "down": self.down_weight}
+        self._packed = {name: prepack_weight(weight) for name, weight in weights.items()}
 
     def forward(
         self,
@@ -71,12 +81,12 @@ class DecoderLayer(nn.Module):
         x = F.rms_norm(residual, (hidden_size,), self.input_norm, self.eps)
         residual.add_(self._attention(x, cos_sin, k_cache, v_cache, meta, lora))
         x = F.rms_norm(residual, (hidden_size,), self.post_attn_norm, self.eps)
-        gate_up = F.linear(x, self.gate_up_weight)
+        gate_up = linear(x, self.gate_up_weight, None, self._packed["gate_up"])
         if lora is not None:
             lora.apply(self.layer_idx, "gate_up", x, gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         hidden = F.silu(gate).mul_(up)
-        down = F.linear(hidden, self.down_weight)
+        down = linear(hidden, self.down_weight, None, self._packed["down"])
         if lora is not None:
             lora.apply(self.layer_idx, "down", hidden, down)
         residual.add_(down)
@@ -92,7 +102,7 @@ class DecoderLayer(nn.Module):
         lora: LoraBatch | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qkv = linear(x, self.qkv_weight, self.qkv_bias, self._packed["qkv"])
         if lora is not None:
             lora.apply(self.layer_idx, "qkv", x, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -109,7 +119,7 @@ class DecoderLayer(nn.Module):
             meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
         )
         out = out.view(num_tokens, self.q_size)
-        o = F.linear(out, self.o_weight, self.o_bias)
+        o = linear(out, self.o_weight, self.o_bias, self._packed["o"])
         if lora is not None:
             lora.apply(self.layer_idx, "o", out, o)
         return o
@@ -139,6 +149,7 @@ class CausalLM(nn.Module):
             else nn.Parameter(torch.empty_like(self.embed_tokens), requires_grad=False)
         )
         self.register_buffer("cos_sin_cache", self._rope_cache(None, dtype, device), persistent=False)
+        self._packed_lm_head: torch.Tensor | None = None   # see prepack()
 
     def _rope_cache(
         self, freq_factors: torch.Tensor | None, dtype: torch.dtype, device: torch.device
@@ -179,7 +190,16 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits float32 `[num_rows, vocab_size]` for hidden rows `[num_rows, hidden_size]`."""
-        return F.linear(hidden, self.lm_head).float()
+        return linear(hidden, self.lm_head, None, self._packed_lm_head).float()
+
+    def prepack(self) -> None:
+        """Reorder every projection and the LM head for the CPU float32 fast path
+        (engine/models/packed_linear.py; no-op on other devices and dtypes). `load_weights` calls it;
+        call it again after changing weights in place. Costs the matrices' size again in host memory."""
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.prepack()
+        self._packed_lm_head = prepack_weight(self.lm_head)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -212,6 +232,7 @@ class CausalLM(nn.Module):
         missing = sorted(set(targets) - filled)
         if missing:
             raise ModelLoadError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
+        self.prepack()
 
     def _weight_targets(self) -> dict[str, torch.Tensor]:
         """HF weight name -> the view of our (possibly fused) parameter it fills."""
