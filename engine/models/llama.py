@@ -56,15 +56,20 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = param(hidden)
         self.gate_up_weight = param(2 * arch.intermediate_size, hidden)
         self.down_weight = param(hidden, arch.intermediate_size)
-        # oneDNN-reordered copies of the four projection weights (packed_linear.py), set by prepack()
-        self._packed: dict[str, torch.Tensor | None] = {"qkv": None, "o": None, "gate_up": None, "down": None}
+        # projection name -> (weight, bias, oneDNN-reordered weight or None): the arguments of
+        # packed_linear.linear, so no call site pairs them by hand; dense until prepack()
+        self._projections = self._arguments(pack=False)
 
     def prepack(self) -> None:
         """Reorder the projection weights for the CPU float32 fast path (no-op elsewhere); call after
         every change to the weights."""
-        weights = {"qkv": self.qkv_weight, "o": self.o_weight, "gate_up": self.gate_up_weight,
-                   "down": self.down_weight}
-        self._packed = {name: prepack_weight(weight) for name, weight in weights.items()}
+        self._projections = self._arguments(pack=True)
+
+    def _arguments(self, pack: bool) -> dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+        pairs = {"qkv": (self.qkv_weight, self.qkv_bias), "o": (self.o_weight, self.o_bias),
+                 "gate_up": (self.gate_up_weight, None), "down": (self.down_weight, None)}
+        return {name: (weight, bias, prepack_weight(weight) if pack else None)
+                for name, (weight, bias) in pairs.items()}
 
     def forward(
         self,
@@ -81,12 +86,12 @@ class DecoderLayer(nn.Module):
         x = F.rms_norm(residual, (hidden_size,), self.input_norm, self.eps)
         residual.add_(self._attention(x, cos_sin, k_cache, v_cache, meta, lora))
         x = F.rms_norm(residual, (hidden_size,), self.post_attn_norm, self.eps)
-        gate_up = linear(x, self.gate_up_weight, None, self._packed["gate_up"])
+        gate_up = linear(x, *self._projections["gate_up"])
         if lora is not None:
             lora.apply(self.layer_idx, "gate_up", x, gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         hidden = F.silu(gate).mul_(up)
-        down = linear(hidden, self.down_weight, None, self._packed["down"])
+        down = linear(hidden, *self._projections["down"])
         if lora is not None:
             lora.apply(self.layer_idx, "down", hidden, down)
         residual.add_(down)
@@ -102,7 +107,7 @@ class DecoderLayer(nn.Module):
         lora: LoraBatch | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = linear(x, self.qkv_weight, self.qkv_bias, self._packed["qkv"])
+        qkv = linear(x, *self._projections["qkv"])
         if lora is not None:
             lora.apply(self.layer_idx, "qkv", x, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -119,7 +124,7 @@ class DecoderLayer(nn.Module):
             meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
         )
         out = out.view(num_tokens, self.q_size)
-        o = linear(out, self.o_weight, self.o_bias, self._packed["o"])
+        o = linear(out, *self._projections["o"])
         if lora is not None:
             lora.apply(self.layer_idx, "o", out, o)
         return o

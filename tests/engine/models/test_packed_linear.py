@@ -43,7 +43,7 @@ def test_other_dtypes_use_the_dense_path() -> None:
 def test_model_forward_uses_packed_weights_after_load(tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
     model, _ = load_tiny(tiny_model_dir)
     layer = model.layers[0]
-    assert all(p is not None for p in layer._packed.values())
+    assert all(packed is not None for _, _, packed in layer._projections.values())
     assert model._packed_lm_head is not None
     hidden = torch.randn(4, model.arch.hidden_size)
     torch.testing.assert_close(model.compute_logits(hidden), F.linear(hidden, model.lm_head), rtol=1e-5, atol=1e-5)
