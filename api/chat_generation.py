@@ -70,5 +70,6 @@ async def prepare_chat_generation(
         grammar.spec if grammar is not None else None,
         model.lora_name,
         time.monotonic(),
+        close_grammar=constraints.close_grammar,
     )
     return ChatGeneration(engine_request, constraints)

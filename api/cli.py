@@ -120,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
         help='constrain tool_choice "auto" calls to the tools\' schemas; --no-constrain-auto-tools only parses',
     )
     serve.add_argument(
+        "--close-tool-calls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="when max_tokens is about to cut a tool call, close it so that it still validates",
+    )
+    serve.add_argument(
+        "--close-structured-outputs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="when max_tokens is about to cut a response_format/structured_outputs output, close it so that "
+        'it still parses (finish_reason stays "length"; off: the cut text, as OpenAI returns it)',
+    )
+    serve.add_argument(
         "--structured-outputs-backend", choices=["auto", "xgrammar", "guidance"], default="auto",
         help="grammar backend when a request names none; auto = llguidance, xgrammar where it refuses",
     )
@@ -208,6 +221,8 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         tool_call_parser=args.tool_call_parser,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         constrain_auto_tools=args.constrain_auto_tools,
+        close_tool_calls=args.close_tool_calls,
+        close_structured_outputs=args.close_structured_outputs,
         responses_db=args.responses_db,
         allow_runtime_lora=args.allow_runtime_lora,
         **access_options_from_args(args),

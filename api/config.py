@@ -25,6 +25,11 @@ class ServerConfig:
         False answers it with 400, as vLLM does without --enable-auto-tool-choice.
     constrain_auto_tools: with tool_choice "auto", constrain calls (once the format's start marker
         appears) to the tools' names and schemas; False only parses what the model writes.
+    close_tool_calls: when max_tokens is about to cut a constrained tool call, end the call with the
+        shortest completion its grammar accepts (`engine.request.EngineRequest.close_grammar`), so
+        every call returned validates; False lets max_tokens cut it (the cut call is dropped).
+    close_structured_outputs: the same for `response_format` / `structured_outputs` outputs; off by
+        default, since OpenAI returns the cut text with finish_reason "length".
     responses_db: SQLite file of stored /v1/responses objects (its folder is created); ":memory:"
         keeps them for the life of the process. The CLI default is `data/responses.sqlite3`.
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
@@ -48,6 +53,8 @@ class ServerConfig:
     tool_call_parser: str = "hermes"
     enable_auto_tool_choice: bool = True
     constrain_auto_tools: bool = True
+    close_tool_calls: bool = True
+    close_structured_outputs: bool = False
     responses_db: str = ":memory:"
     allow_runtime_lora: bool = False
     shutdown_grace_s: float = 30.0

@@ -68,6 +68,8 @@ class EngineCollector(Collector):
             ("generation_tokens", "Output tokens produced (sampled or grammar-forced).", s.generation_tokens),
             ("num_preemptions", "Sequences preempted (recomputed later).", s.num_preemptions),
             ("forced_tokens", "Output tokens forced by the grammar (jump-forward, not sampled).", s.forced_tokens),
+            ("grammar_closed_outputs", "Constrained outputs ended by a grammar closing before max_tokens cut them.",
+             s.closed_outputs),
             ("grammar_cache_hits", "Grammar compiles served by the compile cache.", s.grammar_cache_hits),
         ]
         for name, doc, value in counters:

@@ -54,12 +54,14 @@ class ChatConstraints:
 
     `grammar` None: free text. `tool_calling` None: the output is all content. `render_tools`:
     pass `tools` to the chat template. `keep_special_tokens`: detokenize with special tokens.
+    `close_grammar`: end the constrained output before max_tokens cuts it (EngineRequest.close_grammar).
     """
 
     grammar: RequestGrammar | None
     tool_calling: ToolCalling | None = None
     render_tools: bool = False
     keep_special_tokens: bool = False
+    close_grammar: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,7 @@ def request_constraints(
     """
     choice = _effective_choice(request)
     if choice == "none":
-        return ChatConstraints(grammar=fmt)
+        return ChatConstraints(grammar=fmt, close_grammar=fmt is not None and config.close_structured_outputs)
     assert request.tools
     if choice == "auto" and not config.enable_auto_tool_choice:
         raise NotSupported(
@@ -122,19 +124,24 @@ def request_constraints(
                 param=_field_of(fmt.param),
             )
         grammar = RequestGrammar(tool_grammar, _TOOLS_PARAM) if tool_grammar is not None else None
+        close = config.close_tool_calls
     elif fmt is not None:
         grammar = fmt
+        close = config.close_structured_outputs
         if config.constrain_auto_tools and tool_grammar is not None:
             grammar = RequestGrammar(answer_or_calls_grammar(fmt, tool_grammar), fmt.param)
+            close = config.close_structured_outputs and config.close_tool_calls
     elif config.constrain_auto_tools and tool_grammar is not None:
         grammar = RequestGrammar(tool_grammar, _TOOLS_PARAM)
+        close = config.close_tool_calls
     else:
-        grammar = None
+        grammar, close = None, False
     return ChatConstraints(
         grammar=grammar,
         tool_calling=ToolCalling(parser_class, tuple(specs)),
         render_tools=True,
         keep_special_tokens=config.tool_call_parser in _PARSERS_KEEPING_SPECIAL_TOKENS,
+        close_grammar=close,
     )
 
 

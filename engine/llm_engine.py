@@ -151,6 +151,7 @@ class LLMEngine:
             prefix_cache_queries=pool.stats.queries, prefix_cache_hits=pool.stats.hits,
             prompt_tokens=self.num_prompt_tokens, generation_tokens=self.num_generation_tokens,
             num_preemptions=self.scheduler.num_preemptions, forced_tokens=self.structured.num_forced_tokens,
+            closed_outputs=self.structured.num_closed_outputs,
             grammar_cache_hits=self.structured.compiler.stats().cache_hits,
             grammar_compile_seconds=self.structured.compile_seconds.snapshot(),
             lora_adapters_resident=self.lora.num_resident_adapters if self.lora is not None else 0)
@@ -182,7 +183,8 @@ class LLMEngine:
                     self.num_prompt_tokens += seq.num_prompt_tokens
                 finished = self._append_token(state, seq, token_id, logprob)
                 if not finished and seq.matcher is not None and seq.sampling_params.logprobs is None:
-                    self._fast_forward(state, seq)
+                    if not self._fast_forward(state, seq) and state.request.close_grammar:
+                        self._close_if_due(state, seq)
                 touched[seq.request_id] = state
         self.num_generation_tokens += len(sampling)
         return outputs + [self._make_output(state) if state.error is None else self._fail(state)
@@ -222,15 +224,30 @@ class LLMEngine:
         self._compiling = still
         return outputs
 
-    def _fast_forward(self, state: RequestState, seq: Sequence) -> None:
+    def _fast_forward(self, state: RequestState, seq: Sequence) -> bool:
         """Append the tokens the grammar forces next without sampling them (jump-forward); their
-        K/V is computed in the next step as a short prefill. Counts them as forced and generation tokens."""
+        K/V is computed in the next step as a short prefill. Counts them as forced and generation
+        tokens. True when the sequence finished."""
         forced = seq.matcher.forced_tokens()
         for token_id in forced:
             self.structured.num_forced_tokens += 1
             self.num_generation_tokens += 1
             if self._append_token(state, seq, token_id, None):
+                return True
+        return False
+
+    def _close_if_due(self, state: RequestState, seq: Sequence) -> None:
+        """When the output budget is about to cut a constrained sequence, append its grammar
+        closing and finish it with "length" (see EngineRequest.close_grammar)."""
+        budget = min(seq.sampling_params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+        plan = self.structured.closing_tokens(seq.matcher, budget)
+        if plan is None:
+            return
+        for token_id in plan:
+            self.num_generation_tokens += 1
+            if self._append_token(state, seq, token_id, None):
                 return
+        self._finish(state, seq, SeqStatus.FINISHED_LENGTH, state.detokenizers[seq.index].flush())
 
     def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprob: Any) -> bool:
         """Append one token, advance the matcher, detokenize, check stops; True when finished.
@@ -265,14 +282,18 @@ class LLMEngine:
                 status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, stop_str
             elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 status = SeqStatus.FINISHED_LENGTH
-        if status is not None:
-            if stop_str is None:
-                text += detok.flush()
-            self.scheduler.finish(seq, status)
-            delta.finish_reason = FINISH_REASONS[status]
-            delta.stop_reason = seq.stop_reason
         delta.text += text
+        if status is not None:
+            self._finish(state, seq, status, "" if stop_str is not None else detok.flush())
         return status is not None
+
+    def _finish(self, state: RequestState, seq: Sequence, status: SeqStatus, tail: str) -> None:
+        """End `seq` with `status`, releasing `tail` (the detokenizer's held-back text) last."""
+        delta = state.pending[seq.index]
+        delta.text += tail
+        self.scheduler.finish(seq, status)
+        delta.finish_reason = FINISH_REASONS[status]
+        delta.stop_reason = seq.stop_reason
 
     def _make_output(self, state: RequestState) -> RequestOutput:
         deltas = [state.pending[i] for i in sorted(state.pending)]

@@ -13,6 +13,9 @@ class EngineRequest:
     """One client request: prompt token ids, sampling params, optional grammar and LoRA adapter.
 
     `lora_name` None means the base model. `arrival_time` is time.monotonic() seconds.
+    `close_grammar`: when max_tokens (or the context) is about to cut the constrained output, append
+    the short completion `constrained.closing.GrammarCloser` plans instead, so the output matches
+    the grammar; finish_reason stays "length". Ignored without a grammar or with logprobs.
     """
 
     request_id: str
@@ -21,6 +24,7 @@ class EngineRequest:
     grammar_spec: GrammarSpec | None = None
     lora_name: str | None = None
     arrival_time: float = 0.0
+    close_grammar: bool = False
 
 
 @dataclass(frozen=True, slots=True)

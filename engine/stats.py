@@ -16,7 +16,8 @@ class EngineStats:
     prompt_tokens: prompt tokens of requests whose prefill ran (counted once per request, when its
     first token is produced; a request failed at grammar compile never counts). generation_tokens:
     output tokens, sampled or forced. forced_tokens: output tokens the grammar forced (appended by
-    jump-forward without sampling). grammar_cache_hits: grammar submits served by the compile cache.
+    jump-forward without sampling). closed_outputs: constrained sequences that max_tokens would have
+cut, ended instead by appending a grammar closing. grammar_cache_hits: grammar submits served by the compile cache.
     grammar_compile_seconds: wall seconds from submit to result of each compile that missed the cache
     (queueing on the compile pool and backend fallback included). lora_adapters_resident: adapters
     now in GPU slots.
@@ -33,6 +34,7 @@ class EngineStats:
     generation_tokens: int
     num_preemptions: int
     forced_tokens: int = 0
+    closed_outputs: int = 0
     grammar_cache_hits: int = 0
     grammar_compile_seconds: HistogramSnapshot = field(default_factory=HistogramSnapshot)
     lora_adapters_resident: int = 0

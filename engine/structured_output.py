@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from constrained import (
     allocate_bitmask,
     fill_all_ones,
 )
+from constrained.closing import GrammarCloser
 from engine.histogram import BucketHistogram
 from engine.sequence import Sequence
 
@@ -30,6 +32,13 @@ GRAMMAR_COMPILE_BUCKETS_S: tuple[float, ...] = (
 """Upper bounds (seconds) of the grammar_compile_seconds buckets: most compiles take milliseconds,
 pathological schemas up to the compile timeout (30 s by default)."""
 
+CLOSING_WINDOW_TOKENS = 32
+"""A sequence that closes its grammar plans a closing from this many tokens before its budget on."""
+
+CLOSING_MARGIN_TOKENS = 2
+"""The closing is appended once the budget left is at most the plan's length plus this margin: a
+sampled token may lengthen the plan (a new key, a nested object) before the next step plans again."""
+
 
 class StructuredOutputManager:
     """Owns the GrammarCompiler and the per-step bitmask for one engine.
@@ -40,8 +49,9 @@ class StructuredOutputManager:
     forward runs (both release the GIL), constrained rows by their matchers and the rest all ones.
 
     Metrics (plain counters, read by `LLMEngine.stats`): `num_forced_tokens` (bumped by the engine
-    on jump-forward) and `compile_seconds`, submit-to-result wall seconds of every compile that
-    missed the cache (observed on the compile thread).
+    on jump-forward), `num_closed_outputs` (sequences ended by `closing_tokens`) and
+    `compile_seconds`, submit-to-result wall seconds of every compile that missed the cache
+    (observed on the compile thread).
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...], max_rows: int,
@@ -52,6 +62,7 @@ class StructuredOutputManager:
         self._filler = ThreadPoolExecutor(1, thread_name_prefix="bitmask-fill")
         self.on_ready = on_ready
         self.num_forced_tokens = 0
+        self.num_closed_outputs = 0
         self.compile_seconds = BucketHistogram(GRAMMAR_COMPILE_BUCKETS_S)
 
     def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
@@ -71,6 +82,26 @@ class StructuredOutputManager:
     def new_matcher(self, compiled: CompiledGrammar) -> Any:
         """A fresh constrained.Matcher for one sequence."""
         return self.compiler.new_matcher(compiled)
+
+    @functools.cached_property
+    def closer(self) -> GrammarCloser:
+        """The closing planner, built on first use (it decodes the vocabulary once, about 0.1 s)."""
+        return GrammarCloser(self.vocab_info)
+
+    def closing_tokens(self, matcher: Any, budget: int) -> list[int] | None:
+        """Tokens to append now so that `matcher`'s grammar ends within `budget` more output tokens
+        (max_tokens or the context, whichever is nearer); None while that is not yet due, when the
+        grammar already accepts, or when no closing fits (then max_tokens cuts the output as usual).
+
+        Engine thread only. Counts each closing returned in `num_closed_outputs`.
+        """
+        if budget > CLOSING_WINDOW_TOKENS:
+            return None
+        plan = self.closer.plan(matcher, limit=budget)
+        if not plan or len(plan) + CLOSING_MARGIN_TOKENS < budget:
+            return None
+        self.num_closed_outputs += 1
+        return plan
 
     def start_fill(self, seqs: list[Sequence]) -> Future[torch.Tensor] | None:
         """Begin filling the bitmask rows of `seqs` (row i = seqs[i]); None when none is constrained.

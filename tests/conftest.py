@@ -35,12 +35,12 @@ def save_tiny_model(folder: Path, architecture: str, seed: int = 0, **overrides:
     import transformers
 
     config_cls = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
-    config = config_cls(
+    defaults = dict(
         vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6, bos_token_id=None,
         eos_token_id=None, pad_token_id=None, architectures=[architecture],
-        **{**TINY_CONFIGS[architecture], **overrides},
     )
+    config = config_cls(**{**defaults, **TINY_CONFIGS[architecture], **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).to(torch.float32).eval()
     with torch.no_grad():

@@ -61,6 +61,7 @@ async def create_completion(request: Request, context: Context) -> Response:
                 grammar.spec if grammar is not None else None,
                 model.lora_name,
                 time.monotonic(),
+                close_grammar=grammar is not None and context.config.close_structured_outputs,
             )
         )
     output_options = CompletionOutputOptions(

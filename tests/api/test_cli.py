@@ -108,6 +108,7 @@ def test_tool_flags() -> None:
     _, defaults = build_configs(build_parser().parse_args(["serve"]), {})
     assert defaults.tool_call_parser == "hermes"
     assert defaults.enable_auto_tool_choice and defaults.constrain_auto_tools
+    assert defaults.close_tool_calls and not defaults.close_structured_outputs
     _, flagged = build_configs(
         build_parser().parse_args(
             [
@@ -116,6 +117,8 @@ def test_tool_flags() -> None:
                 "mistral",
                 "--no-enable-auto-tool-choice",
                 "--no-constrain-auto-tools",
+                "--no-close-tool-calls",
+                "--close-structured-outputs",
                 "--chat-template",
                 "hermes_tools",
             ]
@@ -124,6 +127,7 @@ def test_tool_flags() -> None:
     )
     assert flagged.tool_call_parser == "mistral"
     assert not flagged.enable_auto_tool_choice and not flagged.constrain_auto_tools
+    assert not flagged.close_tool_calls and flagged.close_structured_outputs
     assert flagged.chat_template is not None and "<tool_call>" in flagged.chat_template
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--tool-call-parser", "nope"])

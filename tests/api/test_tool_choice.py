@@ -238,6 +238,34 @@ async def test_server_flags(engine: FakeEngine) -> None:
         assert (await sent(client, engine, tools=TOOLS, tool_choice="none")).grammar_spec is None
 
 
+async def test_close_grammar_flags(engine: FakeEngine) -> None:
+    """Tool calls are closed before max_tokens by default, formats only with --close-structured-outputs;
+    completions follow the format flag; a request without a grammar never closes."""
+    async def closes(client, **fields) -> bool:
+        return (await sent(client, engine, **fields)).close_grammar
+
+    async with serve(engine) as client:
+        assert await closes(client, tools=TOOLS, tool_choice="required")
+        assert await closes(client, tools=TOOLS, tool_choice=NAMED)
+        assert await closes(client, tools=TOOLS)
+        assert not await closes(client, response_format=JSON_FORMAT)
+        assert not await closes(client, tools=TOOLS, response_format=JSON_FORMAT)
+        assert not await closes(client)
+        await client.post("/v1/completions", json={"model": "fake-model", "prompt": "x", "max_tokens": 2,
+                                                   "response_format": JSON_FORMAT})
+        assert engine.requests[-1].close_grammar is False
+    async with serve(engine, close_tool_calls=False, close_structured_outputs=True) as client:
+        assert not await closes(client, tools=TOOLS, tool_choice="required")
+        assert not await closes(client, tools=TOOLS)
+        assert await closes(client, response_format=JSON_FORMAT)
+        assert not await closes(client, tools=TOOLS, response_format=JSON_FORMAT)
+        assert await closes(client, tools=TOOLS, tool_choice="none", response_format=JSON_FORMAT)
+        assert not await closes(client, tools=TOOLS, tool_choice="none")
+        await client.post("/v1/completions", json={"model": "fake-model", "prompt": "x", "max_tokens": 2,
+                                                   "response_format": JSON_FORMAT})
+        assert engine.requests[-1].close_grammar is True
+
+
 async def test_mistral_keeps_special_tokens(engine: FakeEngine) -> None:
     async with serve(engine, tool_call_parser="mistral") as client:
         request = await sent(client, engine, tools=TOOLS, tool_choice="required")

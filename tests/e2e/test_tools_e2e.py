@@ -126,6 +126,34 @@ def test_multi_turn_tool_loop_completes(server):
     assert final.choices[0].finish_reason in ("stop", "length")
 
 
+def test_call_about_to_be_cut_by_max_tokens_is_closed_valid(server):
+    """Greedy SmolLM2 loops inside this query string until max_tokens; the server closes the call
+    instead (--close-tool-calls, on by default): whole and streamed, a call that validates, within
+    max_tokens, counted by grammar_closed_outputs."""
+    import httpx
+
+    def closed_total() -> float:
+        text = httpx.get(server.url + "/metrics").text
+        line = next(x for x in text.splitlines() if x.startswith("structserve:grammar_closed_outputs_total"))
+        return float(line.rsplit(" ", 1)[1])
+
+    search = {"type": "function", "function": {"name": "search_web", "description": "Search the web.",
+              "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                             "required": ["query"], "additionalProperties": False}}}
+    client = server.client()
+    before = closed_total()
+    body = dict(model=MODEL, tools=[search], tool_choice="required", temperature=0, max_tokens=40,
+                messages=[{"role": "user", "content": "Look up who won the 2018 football world cup."}])
+    whole = client.chat.completions.create(**body)
+    (call,) = whole.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), search["function"]["parameters"])
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.usage.completion_tokens <= 40
+    _, calls, finish = collect_stream(client.chat.completions.create(**body, stream=True))
+    assert [(c["name"], c["arguments"]) for c in calls] == [("search_web", call.function.arguments)]
+    assert finish == "tool_calls"
+    assert closed_total() - before == 2
+
+
 def test_named_unknown_tool_is_400(server):
     import openai
 
