@@ -43,7 +43,7 @@ SEARCH_TOKENS = 256
 class GrammarCloser:
     """Plans closing tokens for matchers over one vocabulary (built once per engine).
 
-    Construction decodes every token id once (about 0.1 s for a 49k vocabulary). Not thread-safe:
+    Construction decodes every token id once (about 0.5 s for a 49k vocabulary). Not thread-safe:
     it owns one bitmask row; call `plan` from the engine thread only.
     """
 

@@ -124,6 +124,8 @@ class LLMEngine:
         self.requests[request.request_id] = state
         if request.grammar_spec is not None:
             state.grammar_future = self.structured.submit(request.grammar_spec)
+            if request.close_grammar:
+                self.structured.prepare_closer()
             self._compiling.append(state)
             for seq in seqs:
                 seq.status = SeqStatus.WAITING_FOR_GRAMMAR

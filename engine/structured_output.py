@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable
@@ -63,6 +62,7 @@ class StructuredOutputManager:
         self.on_ready = on_ready
         self.num_forced_tokens = 0
         self.num_closed_outputs = 0
+        self._closer: Future[GrammarCloser] | None = None
         self.compile_seconds = BucketHistogram(GRAMMAR_COMPILE_BUCKETS_S)
 
     def submit(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
@@ -83,10 +83,15 @@ class StructuredOutputManager:
         """A fresh constrained.Matcher for one sequence."""
         return self.compiler.new_matcher(compiled)
 
-    @functools.cached_property
-    def closer(self) -> GrammarCloser:
-        """The closing planner, built on first use (it decodes the vocabulary once, about 0.1 s)."""
-        return GrammarCloser(self.vocab_info)
+    def prepare_closer(self) -> None:
+        """Start building the closing planner in the background (it decodes the whole vocabulary,
+        about 0.5 s), so the step that first needs it does not wait; called when a request that
+        may close its grammar arrives. Idempotent."""
+        if self._closer is None:
+            builder = ThreadPoolExecutor(1, thread_name_prefix="grammar-closer")
+            self._closer = builder.submit(GrammarCloser, self.vocab_info)
+            self._closer.add_done_callback(_log_closer_failure)
+            builder.shutdown(wait=False)
 
     def closing_tokens(self, matcher: Any, budget: int) -> list[int] | None:
         """Tokens to append now so that `matcher`'s grammar ends within `budget` more output tokens
@@ -97,7 +102,11 @@ class StructuredOutputManager:
         """
         if budget > CLOSING_WINDOW_TOKENS:
             return None
-        plan = self.closer.plan(matcher, limit=budget)
+        self.prepare_closer()
+        assert self._closer is not None
+        if self._closer.exception() is not None:   # logged once below; the output is cut as usual
+            return None
+        plan = self._closer.result().plan(matcher, limit=budget)
         if not plan or len(plan) + CLOSING_MARGIN_TOKENS < budget:
             return None
         self.num_closed_outputs += 1
@@ -129,3 +138,8 @@ class StructuredOutputManager:
         """Stop the compile and fill threads."""
         self.compiler.close()
         self._filler.shutdown(wait=False, cancel_futures=True)
+
+
+def _log_closer_failure(future: Future[GrammarCloser]) -> None:
+    if future.exception() is not None:
+        logger.error("grammar closing is off: building its planner failed: %r", future.exception())
