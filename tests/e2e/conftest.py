@@ -18,6 +18,37 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2"
 
 
+def _share_ssl_contexts() -> None:
+    """Build the default SSL context once per test process, not once per client: every
+    `httpx.get`/`post`, `httpx.Client`/`AsyncClient` and `openai.OpenAI` (its vendored `httpx2`)
+    otherwise parses the CA bundle again, about 0.1-0.2 s of CPU on the 2-core box, in polling
+    loops and per soak request, taken from the server under test. The servers are plain HTTP on
+    loopback; each client still opens its own connections, only the (thread-safe) default
+    context, made with the default arguments, is shared."""
+    import functools
+    import importlib
+
+    for name in ("httpx._transports.default", "httpx2._transports.default"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        make = module.create_ssl_context
+        if getattr(make, "shared_default", False):
+            continue
+        default = functools.cache(functools.partial(make, verify=True, cert=None))
+
+        def create_ssl_context(verify=True, cert=None, trust_env=True, _make=make, _default=default):
+            return _default(trust_env=trust_env) if verify is True and cert is None else \
+                _make(verify=verify, cert=cert, trust_env=trust_env)
+
+        create_ssl_context.shared_default = True
+        module.create_ssl_context = create_ssl_context
+
+
+_share_ssl_contexts()
+
+
 @dataclass
 class Server:
     """A running server: base URL (no /v1), its process and its log file."""
@@ -61,17 +92,21 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeo
                 return Server(url, proc, log_path)
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"server not healthy in {timeout_s}s:\n{log_path.read_text()[-4000:]}")
 
 
-def stop_server(server: Server) -> None:
-    server.proc.terminate()
-    try:
-        server.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
+def stop_server(*servers: Server) -> None:
+    """SIGTERM the servers (all at once: each takes a few seconds to exit), wait for each, kill
+    any still running after 30 s."""
+    for server in servers:
+        server.proc.terminate()
+    for server in servers:
+        try:
+            server.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
 
 
 @pytest.fixture(scope="session")
