@@ -15,7 +15,8 @@ reloaded in place with other weights, and two adapters asking the same prompt at
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import concurrent.futures
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,8 +104,7 @@ def servers(case_adapters, tmp_path_factory) -> Iterator[Servers]:
         [*common, "--lora-modules", f"adapter-a={a}", f"adapter-b={b}", f"adapter-c={c}", "--max-loras", "3",
          "--no-enable-prefix-caching"])
     yield Servers(cached, cold)
-    stop_server(cached)
-    stop_server(cold)
+    stop_server(cached, cold)
 
 
 def _case_bodies() -> list[dict[str, Any]]:
@@ -118,11 +118,33 @@ def _case_bodies() -> list[dict[str, Any]]:
     return bodies
 
 
+class Lazy(Mapping[str, Answer]):
+    """Answers computed in the background; a lookup waits for them (and raises what failed)."""
+
+    def __init__(self, future: concurrent.futures.Future[dict[str, Answer]]) -> None:
+        self._future = future
+
+    def __getitem__(self, key: str) -> Answer:
+        return self._future.result()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._future.result())
+
+    def __len__(self) -> int:
+        return len(self._future.result())
+
+
 @pytest.fixture(scope="module")
-def cold(servers) -> dict[str, Answer]:
+def cold(servers) -> Iterator[Mapping[str, Answer]]:
     """Cold answers (the `cold` server, one request at a time, as the tested server gets them: a
     batch of other size may round differently and flip a late greedy token), by
-    "<prompt>/<adapter weights>"."""
+    "<prompt>/<adapter weights>". The `cold` server computes them on its own core while the tests
+    send their requests to `cached`; a test's first lookup waits for them."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        yield Lazy(pool.submit(_cold_answers, servers.cold))
+
+
+def _cold_answers(srv: Server) -> dict[str, Answer]:
     jobs: dict[str, tuple[str, dict[str, Any]]] = {}
     case = _case_bodies()
     for model in ("adapter-a", "adapter-b", MODEL, "adapter-c"):
@@ -133,7 +155,7 @@ def cold(servers) -> dict[str, Answer]:
         jobs[f"p5/{model}"] = (CHAT, chat_body(model, SYSTEM_5, "How many windows?"))
     for model in ("adapter-a", "adapter-b", "adapter-c"):
         jobs[f"p4/{model}"] = (CHAT, chat_body(model, SYSTEM_4, "Where did the ships go?"))
-    answers = [ask(servers.cold, *job) for job in jobs.values()]
+    answers = [ask(srv, *job) for job in jobs.values()]
     refs = dict(zip(jobs, answers, strict=True))
     assert all(answer.cached == 0 for answer in answers), "the cold server served cached tokens"
     assert len({refs[f"p1/{m}"].text for m in ("adapter-a", "adapter-b", MODEL, "adapter-c")}) == 4, \
