@@ -228,3 +228,33 @@ def test_errors(server):
         with pytest.raises(openai.BadRequestError) as unsupported:
             client.responses.create(model=MODEL, input="Hi", tools=[tool])
         assert tool["type"] in unsupported.value.message
+
+
+def test_background_polls_to_completed_and_cancel_stops_a_running_one(server):
+    """background: true on SmolLM2: queued/in_progress while polling, then done with the same status
+    and greedy answer as a foreground call; a long one cancelled while running ends cancelled, stays so."""
+    import time
+
+    client = server.client()
+    foreground = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=24, temperature=0)
+    job = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=24, temperature=0, background=True)
+    assert job.status in ("queued", "in_progress") and job.background
+    seen = [job.status]
+    deadline = time.monotonic() + 120
+    while seen[-1] in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+        seen.append(client.responses.retrieve(job.id).status)
+    assert seen[-1] == foreground.status and foreground.status in ("completed", "incomplete"), seen
+    assert client.responses.retrieve(job.id).output_text == foreground.output_text
+
+    long = client.responses.create(model=MODEL, input="Write a long story about a lighthouse keeper.",
+                                   max_output_tokens=1000, temperature=0, background=True)
+    while client.responses.retrieve(long.id).status == "queued":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    time.sleep(1.0)
+    final = client.responses.retrieve(long.id)
+    assert final.status == "cancelled" and (final.usage is None or final.usage.output_tokens < 1000)
