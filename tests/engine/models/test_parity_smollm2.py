@@ -12,6 +12,7 @@ import torch
 from paged_batch import PagedBatch
 
 from engine.model_loader import LoadedModel, default_model_path, load_model
+from tests.conftest import smollm2_gguf
 
 pytestmark = pytest.mark.slow
 NUM_NEW_TOKENS = 32
@@ -49,13 +50,9 @@ def test_loaded_model_describes_smollm2(loaded: LoadedModel) -> None:
     assert loaded.tokenizer.convert_ids_to_tokens(list(arch.eos_token_ids)) == ["<|im_end|>"]
 
 
-def test_greedy_decode_matches_transformers(loaded: LoadedModel) -> None:
-    from transformers import AutoModelForCausalLM
-
-    path = Path(default_model_path())
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+def test_greedy_decode_matches_transformers(loaded: LoadedModel, smollm2_hf_model) -> None:
+    assert Path(default_model_path()).resolve() == smollm2_gguf().resolve()
+    hf_model = smollm2_hf_model     # transformers' own load of that GGUF file
     prompts = [
         loaded.tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
