@@ -88,23 +88,28 @@ def test_every_output_validates_greedy_sampled_streamed_n3(server):
 def test_regex_choice_grammar_json_object(server):
     client = server.client()
     q = [{"role": "user", "content": "Answer."}]
-    regex = client.chat.completions.create(model=MODEL, messages=q, max_tokens=20, temperature=1.0,
-                                           extra_body={"structured_outputs": {"regex": "[A-Z][a-z]{2,6}-[0-9]{3}"}})
-    assert re.fullmatch("[A-Z][a-z]{2,6}-[0-9]{3}", regex.choices[0].message.content)
-    choice = client.chat.completions.create(model=MODEL, messages=q, max_tokens=10, temperature=1.0,
-                                            extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}})
-    assert choice.choices[0].message.content in ("yes", "no", "maybe")
     ebnf = 'root ::= "(" num " " op " " num ")"\nnum ::= [1-9] [0-9]?\nop ::= "+" | "-"'
-    out = client.chat.completions.create(model=MODEL, messages=q, max_tokens=20, temperature=1.0,
-                                         extra_body={"structured_outputs": {"grammar": ebnf}})
-    assert re.fullmatch(r"\([1-9][0-9]? [+-] [1-9][0-9]?\)", out.choices[0].message.content)
     lark = 'start: "<" WORD ">"\nWORD: /[a-z]{1,8}/'
-    out = client.chat.completions.create(model=MODEL, messages=q, max_tokens=20, temperature=1.0,
-                                         extra_body={"structured_outputs": {"grammar": lark, "backend": "guidance"}})
-    assert re.fullmatch(r"<[a-z]{1,8}>", out.choices[0].message.content)
-    obj = client.chat.completions.create(model=MODEL, max_tokens=200, temperature=0,
-                                         messages=[{"role": "user", "content": "Describe a cat in JSON."}],
-                                         response_format={"type": "json_object"})
+    requests = {   # independent requests, sent together
+        "regex": dict(messages=q, max_tokens=20, temperature=1.0,
+                      extra_body={"structured_outputs": {"regex": "[A-Z][a-z]{2,6}-[0-9]{3}"}}),
+        "choice": dict(messages=q, max_tokens=10, temperature=1.0,
+                       extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}}),
+        "ebnf": dict(messages=q, max_tokens=20, temperature=1.0, extra_body={"structured_outputs": {"grammar": ebnf}}),
+        "lark": dict(messages=q, max_tokens=20, temperature=1.0,
+                     extra_body={"structured_outputs": {"grammar": lark, "backend": "guidance"}}),
+        "json_object": dict(max_tokens=200, temperature=0, response_format={"type": "json_object"},
+                            messages=[{"role": "user", "content": "Describe a cat in JSON."}]),
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        futures = {name: pool.submit(client.chat.completions.create, model=MODEL, **kwargs)
+                   for name, kwargs in requests.items()}
+        out = {name: future.result() for name, future in futures.items()}
+    assert re.fullmatch("[A-Z][a-z]{2,6}-[0-9]{3}", out["regex"].choices[0].message.content)
+    assert out["choice"].choices[0].message.content in ("yes", "no", "maybe")
+    assert re.fullmatch(r"\([1-9][0-9]? [+-] [1-9][0-9]?\)", out["ebnf"].choices[0].message.content)
+    assert re.fullmatch(r"<[a-z]{1,8}>", out["lark"].choices[0].message.content)
+    obj = out["json_object"]
     if obj.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
     else:
