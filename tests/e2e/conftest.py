@@ -33,9 +33,9 @@ def _share_ssl_contexts() -> None:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        make = module.create_ssl_context
-        if getattr(make, "shared_default", False):
-            continue
+        make = getattr(module, "create_ssl_context", None)
+        if make is None or getattr(make, "shared_default", False):
+            continue        # another httpx layout: clients just build their own contexts again
         default = functools.cache(functools.partial(make, verify=True, cert=None))
 
         def create_ssl_context(verify=True, cert=None, trust_env=True, _make=make, _default=default):
