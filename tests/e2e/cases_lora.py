@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -87,10 +88,11 @@ def broken_adapters(tmp: Path, good: Path) -> dict[str, Path]:
 
 
 def start_servers(tmp: Path, *arg_lists: list[str]) -> list[Server]:
-    """Start one server per argument list, all at once (their start-ups overlap); if any fails,
-    stop the others and raise."""
+    """Start one server per argument list, all at once (their start-ups overlap), sharing the cores
+    between them (they decode at the same time); if any fails, stop the others and raise."""
+    threads = max(1, len(os.sched_getaffinity(0)) // len(arg_lists))
     with concurrent.futures.ThreadPoolExecutor(len(arg_lists)) as pool:
-        futures = [pool.submit(start_server, tmp, *args) for args in arg_lists]
+        futures = [pool.submit(start_server, tmp, *args, threads=threads) for args in arg_lists]
         concurrent.futures.wait(futures)
     failed = [f.exception() for f in futures if f.exception() is not None]
     if failed:

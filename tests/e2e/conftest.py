@@ -73,13 +73,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240.0) -> Server:
-    """Start `python -m api.cli serve` with `args` and wait until /health answers 200."""
+def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240.0,
+                 threads: int | None = None) -> Server:
+    """Start `python -m api.cli serve` with `args` and wait until /health answers 200.
+
+    `--num-threads` is `threads`, by default every core this process may use: a server measures
+    its thread count at start-up, and a start that overlaps the test process's own work (another
+    server stopping, a client busy) measures one thread faster and keeps it for the whole module.
+    Pass a smaller `threads` for servers that decode at the same time as another.
+    """
     port = free_port()
     log_path = tmp / f"server-{port}.log"
     log = open(log_path, "w")
+    num_threads = threads or len(os.sched_getaffinity(0))
     cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096", *args]
+           "--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096",
+           "--num-threads", str(num_threads), *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
