@@ -20,12 +20,13 @@ def available_cores() -> int:
 
 
 def measure_best_threads(hidden_size: int, intermediate_size: int, num_rows: int = 32,
-                         candidates: list[int] | None = None, repeats: int = 8) -> int:
+                         candidates: list[int] | None = None, repeats: int = 8, rounds: int = 3) -> int:
     """Time a decode-sized MLP matmul ([num_rows, hidden] x [hidden, 2*intermediate], float32, through
     the same path the model uses: engine/models/packed_linear.py) at each thread count and return
-    the fastest (median of `repeats`; about a second in all). The counts are timed in turns, one
-    call each per round, so a burst of load from another process slows every count alike instead
-    of deciding the choice by landing on one of them.
+    the fastest (about a second in all). Each count is timed in `rounds` blocks (set the count, warm
+    up, median of `repeats` calls), the counts taking turns; a count's time is its best block, so a
+    burst of load from another process that lands on one block does not decide the choice. (Timing
+    the counts call by call instead would charge every call the cost of switching the count.)
 
     Why measure: on a 2-core box that is busy with other work, OpenMP barriers make small matmuls
     many times slower with two threads than with one, while on an idle box two threads win.
@@ -34,15 +35,19 @@ def measure_best_threads(hidden_size: int, intermediate_size: int, num_rows: int
     x = torch.randn(num_rows, hidden_size)
     w = torch.randn(2 * intermediate_size, hidden_size)
     packed = prepack_weight(w)
-    samples: dict[int, list[float]] = {n: [] for n in candidates}
-    for round_index in range(3 + repeats):           # the first 3 rounds warm each count up
+    blocks: dict[int, list[float]] = {n: [] for n in candidates}
+    for _ in range(rounds):
         for n in candidates:
             torch.set_num_threads(n)
-            start = time.perf_counter()
-            linear(x, w, None, packed)
-            if round_index >= 3:
-                samples[n].append(time.perf_counter() - start)
-    timings = {n: statistics.median(times) for n, times in samples.items()}
+            for _ in range(3):
+                linear(x, w, None, packed)
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                linear(x, w, None, packed)
+                samples.append(time.perf_counter() - start)
+            blocks[n].append(statistics.median(samples))
+    timings = {n: min(times) for n, times in blocks.items()}
     best = min(timings, key=lambda n: timings[n])
     logger.info("matmul timings by thread count (ms): %s; using %d",
                 {n: round(1000 * t, 3) for n, t in timings.items()}, best)
