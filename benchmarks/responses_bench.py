@@ -14,25 +14,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from run_bench import ROOT, free_port, wait_healthy
-
-
-def load_questions(bench_dir: Path) -> list[str]:
-    spec = importlib.util.spec_from_file_location("loadgen", bench_dir / "loadgen.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["loadgen"] = module          # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return list(module.QUESTIONS)
+from run_bench import add_load_arguments, import_loadgen, served
 
 
 def chat_body(question: str, max_tokens: int) -> dict:
@@ -92,29 +82,16 @@ async def run_load(base_url: str, endpoint: str, questions: list[str], a: argpar
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--bench-dir", default=str(ROOT.parent / "shared" / "bench"))
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    add_load_arguments(p)
     a = p.parse_args()
-    questions = load_questions(Path(a.bench_dir))
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port),
-                               "--served-model-name", "smollm2", "--responses-db", ":memory:"],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    questions = list(import_loadgen(Path(a.bench_dir)).QUESTIONS)
     runs: dict[str, list[dict]] = {"chat": [], "responses": []}
-    try:
-        wait_healthy(base_url, server)
+    with served(["--responses-db", ":memory:", *a.server_args.split()]) as base_url:
         asyncio.run(run_load(base_url, "/v1/chat/completions", questions, a))     # warm-up
         for _ in range(a.repeats):
             runs["chat"].append(asyncio.run(run_load(base_url, "/v1/chat/completions", questions, a)))
             runs["responses"].append(asyncio.run(run_load(base_url, "/v1/responses", questions, a)))
             print(json.dumps({k: v[-1] for k, v in runs.items()}), file=sys.stderr, flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     figures: dict[str, object] = {"concurrency": a.concurrency, "requests": a.requests, "repeats": a.repeats}
     for name, entries in runs.items():
         figures[name] = {"output_tok_s": round(statistics.median(e["output_tok_s"] for e in entries), 2),

@@ -11,6 +11,8 @@ Traffic goes only to 127.0.0.1; every load is bounded in count and time.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import socket
@@ -19,7 +21,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 LOADS = {
@@ -59,6 +63,43 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> 
     raise RuntimeError("server did not become healthy")
 
 
+def import_loadgen(bench_dir: Path) -> ModuleType:
+    """The shared loadgen.py as a module (its questions, schemas, request builder and client)."""
+    spec = importlib.util.spec_from_file_location("loadgen", bench_dir / "loadgen.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["loadgen"] = module          # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags the side benchmarks share: --bench-dir, --concurrency, --requests, --max-tokens,
+    --repeats and --server-args."""
+    parser.add_argument("--bench-dir", default=str(ROOT.parent / "shared" / "bench"))
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--server-args", default="", help="extra flags for structserve serve")
+
+
+@contextlib.contextmanager
+def served(server_args: list[str]) -> Iterator[str]:
+    """`structserve serve` (model name smollm2) on a free loopback port, healthy; yields its base URL
+    (no /v1) and stops it afterwards."""
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port),
+                               "--served-model-name", "smollm2", *server_args],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(base_url, server)
+        yield base_url
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
 def run_load(bench_dir: Path, base_url: str, model: str, args: list[str], salt: str) -> dict:
     cmd = [sys.executable, str(bench_dir / "loadgen.py"), "--base-url", base_url + "/v1", "--model", model,
            "--stream", "--max-wall", "600", *args]
@@ -91,14 +132,8 @@ def main() -> None:
     p.add_argument("--server-args", default="", help="extra flags for structserve serve")
     a = p.parse_args()
     bench_dir = Path(a.bench_dir)
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port),
-                               "--served-model-name", "smollm2", *a.server_args.split()],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     figures: dict[str, object] = {"server": "structserve", "repeats": a.repeats}
-    try:
-        wait_healthy(base_url, server)
+    with served(a.server_args.split()) as base_url:
         for name in a.loads.split(","):
             runs = [run_load(bench_dir, base_url, "smollm2", LOADS[name], f"{time.time()}-{r}")
                     for r in range(a.repeats)]
@@ -114,9 +149,6 @@ def main() -> None:
                 entry.update(ttft_cold_ms=cold, ttft_warm_ms=warm, warm_over_cold=round(warm / cold, 3))
             figures[name] = entry
             print(json.dumps({name: entry}), file=sys.stderr, flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     if not a.no_baseline:
         base = hf_baseline(bench_dir)
         figures["hf_baseline_tok_s"] = base["output_tok_s"]

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import importlib.util
 import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,15 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from run_bench import ROOT, free_port, wait_healthy
-
-
-def import_loadgen(bench_dir: Path):
-    spec = importlib.util.spec_from_file_location("loadgen", bench_dir / "loadgen.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["loadgen"] = module          # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from run_bench import add_load_arguments, import_loadgen, served
 
 
 async def drive(loadgen, url: str, args_for: Callable[[int], argparse.Namespace], requests: int,
@@ -59,24 +49,13 @@ async def drive(loadgen, url: str, args_for: Callable[[int], argparse.Namespace]
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--bench-dir", default=str(ROOT.parent / "shared" / "bench"))
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--requests", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--server-args", default="", help="extra flags for structserve serve")
+    add_load_arguments(p)
     a = p.parse_args()
     loadgen = import_loadgen(Path(a.bench_dir))
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    json_args = loadgen.parse_args(["--base-url", base_url + "/v1", "--model", "smollm2", "--mode", "json_schema",
-                                    "--stream", "--max-tokens", str(a.max_tokens)])
-    server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port),
-                               "--served-model-name", "smollm2", *a.server_args.split()],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rounds = []
-    try:
-        wait_healthy(base_url, server)
+    with served(a.server_args.split()) as base_url:
+        json_args = loadgen.parse_args(["--base-url", base_url + "/v1", "--model", "smollm2", "--mode",
+                                        "json_schema", "--stream", "--max-tokens", str(a.max_tokens)])
         url = base_url + "/v1/chat/completions"
         asyncio.run(drive(loadgen, url, lambda i: json_args, 3, 3))     # compile the three schemas once
         for _ in range(a.repeats):
@@ -96,9 +75,6 @@ def main() -> None:
                            "valid": sum(bool(r.valid) for r in constrained), "output_tokens": tokens,
                            "finish_reasons": sorted(r.finish_reason or "" for r in constrained)})
             print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     json_tok_s = statistics.median(r["json_tok_s"] for r in rounds)
     plain_tok_s = statistics.median(r["plain_tok_s"] for r in rounds)
     print(json.dumps({
