@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 
@@ -65,8 +66,12 @@ def check_bitmask(bitmask: torch.Tensor, row: int, vocab_size: int) -> None:
         raise ValueError(f"row {row} outside bitmask of {bitmask.shape[0]} rows")
 
 
+def allowed_mask(bitmask: torch.Tensor, row: int, vocab_size: int) -> np.ndarray:
+    """bool `[vocab_size]`: which token ids `bitmask[row]` allows (bit order as in the module doc)."""
+    words = bitmask[row].numpy().view(np.uint8)
+    return np.unpackbits(words, bitorder="little")[:vocab_size].astype(bool)
+
+
 def allowed_token_ids(bitmask: torch.Tensor, row: int, vocab_size: int) -> list[int]:
     """The token ids allowed by `bitmask[row]`, ascending, below `vocab_size` (tests and debugging)."""
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = ((bitmask[row].unsqueeze(-1) >> shifts) & 1).reshape(-1)[:vocab_size]
-    return torch.nonzero(bits).flatten().tolist()
+    return np.flatnonzero(allowed_mask(bitmask, row, vocab_size)).tolist()

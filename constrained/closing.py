@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from constrained.backend import Matcher
-from constrained.bitmask import allocate_bitmask
+from constrained.bitmask import allocate_bitmask, allowed_mask
 from constrained.vocab import VocabInfo
 
 # Preference lists, by where the matcher stands. Inside a string (or free text) nearly every token
@@ -75,8 +75,7 @@ class GrammarCloser:
     def _allowed(self, matcher: Matcher) -> np.ndarray:
         """bool [vocab_size]: the tokens `matcher` allows next."""
         matcher.fill_bitmask(self._bitmask, 0)
-        words = self._bitmask[0].numpy().view(np.uint8)
-        return np.unpackbits(words, bitorder="little")[: self.vocab_size].astype(bool)
+        return allowed_mask(self._bitmask, 0, self.vocab_size)
 
     def _pick(self, matcher: Matcher) -> int | None:
         allowed = self._allowed(matcher)
