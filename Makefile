@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=20 -p no:cacheprovider tests
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_bench.py
+	$(BIN)/python benchmarks/run_bench.py --server-args "--kv-cache-memory 512MiB"
 
 clean:
 	rm -rf $(VENV)

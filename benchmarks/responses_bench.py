@@ -86,7 +86,8 @@ def main() -> None:
     a = p.parse_args()
     questions = list(import_loadgen(Path(a.bench_dir)).QUESTIONS)
     runs: dict[str, list[dict]] = {"chat": [], "responses": []}
-    with served(["--responses-db", ":memory:", *a.server_args.split()]) as base_url:
+    with served(["--responses-db", ":memory:", *a.server_args.split()]) as server:
+        base_url = server.base_url
         asyncio.run(run_load(base_url, "/v1/chat/completions", questions, a))     # warm-up
         for _ in range(a.repeats):
             runs["chat"].append(asyncio.run(run_load(base_url, "/v1/chat/completions", questions, a)))

@@ -3,8 +3,9 @@
 
 Starts `structserve serve` on a free loopback port, runs each load `--repeats` times (medians),
 runs hf_baseline.py in the same session, and prints ONE JSON line of figures:
-output tok/s at concurrency 1/8/32 (128 forced output tokens), TTFT p50/p99, warm vs cold
-shared-prefix TTFT, and each figure's ratio to the HF baseline measured now.
+output tok/s at concurrency 1/8/32 (128 forced output tokens), greedy and sampled (temperature 0.8,
+top_p 0.95), TTFT p50/p99, warm vs cold shared-prefix TTFT, the server's time to ready and resident
+memory after the loads, and each figure's ratio to the HF baseline measured now.
 Traffic goes only to 127.0.0.1; every load is bounded in count and time.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -31,6 +33,10 @@ LOADS = {
     "plain_c8": ["--mode", "plain", "--concurrency", "8", "--requests", "16", "--max-tokens", "128", "--ignore-eos"],
     "plain_c32": ["--mode", "plain", "--concurrency", "32", "--requests", "64", "--max-tokens", "128",
                   "--ignore-eos"],
+    "sampled_c8": ["--mode", "plain", "--concurrency", "8", "--requests", "16", "--max-tokens", "128", "--ignore-eos",
+                   "--temperature", "0.8", "--extra-body", '{"top_p": 0.95}'],
+    "sampled_c32": ["--mode", "plain", "--concurrency", "32", "--requests", "64", "--max-tokens", "128",
+                    "--ignore-eos", "--temperature", "0.8", "--extra-body", '{"top_p": 0.95}'],
     "shared_prefix_c1": ["--mode", "shared_prefix", "--concurrency", "1", "--requests", "8", "--max-tokens", "32"],
     "json_schema_c8": ["--mode", "json_schema", "--concurrency", "8", "--requests", "16", "--max-tokens", "128"],
     "json_schema_c32": ["--mode", "json_schema", "--concurrency", "32", "--requests", "64", "--max-tokens", "128"],
@@ -83,18 +89,35 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-args", default="", help="extra flags for structserve serve")
 
 
+@dataclasses.dataclass
+class Served:
+    """A running benchmark server: its base URL (no /v1), process id and seconds from launch to a
+    healthy /health."""
+    base_url: str
+    pid: int
+    ready_s: float
+
+    def rss_bytes(self) -> int:
+        """Resident set size of the server process now (VmRSS of /proc/<pid>/status), bytes."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+
 @contextlib.contextmanager
-def served(server_args: list[str]) -> Iterator[str]:
-    """`structserve serve` (model name smollm2) on a free loopback port, healthy; yields its base URL
-    (no /v1) and stops it afterwards."""
+def served(server_args: list[str]) -> Iterator[Served]:
+    """`structserve serve` (model name smollm2) on a free loopback port, healthy; yields a Served and
+    stops the server afterwards."""
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
     server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port),
                                "--served-model-name", "smollm2", *server_args],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_healthy(base_url, server)
-        yield base_url
+        yield Served(base_url, server.pid, round(time.monotonic() - started, 2))
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -126,14 +149,17 @@ def hf_baseline(bench_dir: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--bench-dir", default=str(ROOT.parent / "shared" / "bench"))
-    p.add_argument("--loads", default="plain_c1,plain_c8,plain_c32,shared_prefix_c1")
+    p.add_argument("--loads", default="plain_c1,plain_c8,plain_c32,sampled_c8,sampled_c32,shared_prefix_c1")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-baseline", action="store_true")
     p.add_argument("--server-args", default="", help="extra flags for structserve serve")
     a = p.parse_args()
     bench_dir = Path(a.bench_dir)
     figures: dict[str, object] = {"server": "structserve", "repeats": a.repeats}
-    with served(a.server_args.split()) as base_url:
+    with served(a.server_args.split()) as server:
+        base_url = server.base_url
+        figures["ready_s"] = server.ready_s
+        figures["rss_after_load_bytes"] = server.rss_bytes()
         for name in a.loads.split(","):
             runs = [run_load(bench_dir, base_url, "smollm2", LOADS[name], f"{time.time()}-{r}")
                     for r in range(a.repeats)]
@@ -149,11 +175,16 @@ def main() -> None:
                 entry.update(ttft_cold_ms=cold, ttft_warm_ms=warm, warm_over_cold=round(warm / cold, 3))
             figures[name] = entry
             print(json.dumps({name: entry}), file=sys.stderr, flush=True)
+        figures["rss_after_loads_bytes"] = server.rss_bytes()
+    for greedy, sampled in (("plain_c8", "sampled_c8"), ("plain_c32", "sampled_c32")):
+        if greedy in figures and sampled in figures:
+            figures[sampled]["ratio_to_greedy"] = round(
+                figures[sampled]["output_tok_s"] / figures[greedy]["output_tok_s"], 3)
     if not a.no_baseline:
         base = hf_baseline(bench_dir)
         figures["hf_baseline_tok_s"] = base["output_tok_s"]
         for name, entry in list(figures.items()):
-            if isinstance(entry, dict) and name.startswith("plain"):
+            if isinstance(entry, dict) and name.startswith(("plain", "sampled")):
                 entry["ratio_to_hf"] = round(entry["output_tok_s"] / base["output_tok_s"], 2)
     print(json.dumps(figures))
 

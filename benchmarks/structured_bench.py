@@ -53,7 +53,8 @@ def main() -> None:
     a = p.parse_args()
     loadgen = import_loadgen(Path(a.bench_dir))
     rounds = []
-    with served(a.server_args.split()) as base_url:
+    with served(a.server_args.split()) as server:
+        base_url = server.base_url
         json_args = loadgen.parse_args(["--base-url", base_url + "/v1", "--model", "smollm2", "--mode",
                                         "json_schema", "--stream", "--max-tokens", str(a.max_tokens)])
         url = base_url + "/v1/chat/completions"
