@@ -14,7 +14,6 @@ import llguidance.torch
 import torch
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
-from constrained.bitmask import allow_only, check_bitmask
 from constrained.errors import InvalidGrammar
 from constrained.schema_keywords import GUIDANCE_RULES, check_keywords
 from constrained.schema_walk import iter_patterns
@@ -102,21 +101,11 @@ class GuidanceBackend(GrammarBackend):
         self._check_compiled(compiled)
         return GuidanceMatcher(compiled.artefact.deep_copy(), self.vocab_info)
 
-    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
-        """Fill rows for many GuidanceMatchers in parallel (llguidance's executor, GIL released).
-
-        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; raises ValueError otherwise.
-        """
-        live: list[tuple[Any, int]] = []
-        for matcher, row in matchers:
-            assert isinstance(matcher, GuidanceMatcher)
-            check_bitmask(bitmask, row, self.vocab_info.vocab_size)
-            if matcher.only_eos_left():
-                allow_only(bitmask, row, self.vocab_info.eos_token_ids)
-            else:
-                live.append((matcher.ll_matcher, row))
-        if live:
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, live, bitmask)
+    def _fill_live(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+        """Fill the rows of live GuidanceMatchers in parallel (llguidance's executor, GIL released)."""
+        assert all(isinstance(matcher, GuidanceMatcher) for matcher, _ in matchers)
+        llguidance.torch.fill_next_token_bitmask_par(
+            self._executor, [(m.ll_matcher, row) for m, row in matchers], bitmask)
 
     def _json_options(self, spec: GrammarSpec) -> Any:  # llguidance's JsonCompileOptions TypedDict
         return guidance_json_options(spec.any_whitespace)
@@ -194,6 +183,7 @@ class GuidanceMatcher(Matcher):
     backend = "guidance"
 
     def __init__(self, matcher: Any, vocab_info: VocabInfo) -> None:
+        super().__init__(vocab_info)
         self.ll_matcher = matcher
         self._vocab_size = vocab_info.vocab_size
         self._eos_token_ids = frozenset(vocab_info.eos_token_ids)
@@ -226,13 +216,9 @@ class GuidanceMatcher(Matcher):
         self._num_tokens += len(ids)
         return True
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`)."""
-        check_bitmask(bitmask, row, self._vocab_size)
-        if self.only_eos_left():
-            allow_only(bitmask, row, self._eos_token_ids)
-        else:
-            llguidance.torch.fill_next_token_bitmask(self.ll_matcher, bitmask, row)
+    def _fill_next(self, bitmask: torch.Tensor, row: int) -> None:
+        """llguidance's fill of `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`, checked)."""
+        llguidance.torch.fill_next_token_bitmask(self.ll_matcher, bitmask, row)
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` tokens (EOS included). Raises ValueError beyond what was accepted."""
@@ -252,7 +238,8 @@ class GuidanceMatcher(Matcher):
 
     def only_eos_left(self) -> bool:
         """True when the bitmask must allow only EOS: terminated, or llguidance hit an internal limit
-        (its error state; logged) so that the sequence ends instead of sampling from an empty mask."""
+        (its error state; logged) so that the sequence ends instead of sampling from an empty mask
+        (`constrained.backend.fill_settled_row`)."""
         if self._terminated:
             return True
         if self.ll_matcher.is_error():

@@ -12,7 +12,6 @@ import torch
 import xgrammar as xgr
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
-from constrained.bitmask import allow_only, check_bitmask
 from constrained.errors import InvalidGrammar
 from constrained.schema_keywords import check_keywords
 from constrained.regex_features import find_lookaround
@@ -114,23 +113,11 @@ class XGrammarBackend(GrammarBackend):
         self._check_compiled(compiled)
         return XGrammarMatcher(xgr.GrammarMatcher(compiled.artefact), self.vocab_info)
 
-    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
-        """Fill rows for many XGrammarMatchers at once (xgrammar's threaded batch fill, GIL released).
-
-        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; raises ValueError otherwise.
-        """
-        live: list[Any] = []
-        rows: list[int] = []
-        for matcher, row in matchers:
-            assert isinstance(matcher, XGrammarMatcher)
-            check_bitmask(bitmask, row, self.vocab_info.vocab_size)
-            if matcher.is_terminated():
-                allow_only(bitmask, row, self.vocab_info.eos_token_ids)
-            else:
-                live.append(matcher.xgr_matcher)
-                rows.append(row)
-        if live:
-            self._batch.batch_fill_next_token_bitmask(live, bitmask, rows)
+    def _fill_live(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+        """Fill the rows of live XGrammarMatchers at once (xgrammar's threaded batch fill, GIL released)."""
+        assert all(isinstance(matcher, XGrammarMatcher) for matcher, _ in matchers)
+        self._batch.batch_fill_next_token_bitmask([m.xgr_matcher for m, _ in matchers], bitmask,
+                                                  [row for _, row in matchers])
 
     def _json_options(self, spec: GrammarSpec) -> dict[str, Any]:
         options: dict[str, Any] = {"any_whitespace": spec.any_whitespace, "strict_mode": not spec.additional_properties}
@@ -213,9 +200,9 @@ class XGrammarMatcher(Matcher):
     backend = "xgrammar"
 
     def __init__(self, matcher: Any, vocab_info: VocabInfo) -> None:
+        super().__init__(vocab_info)
         self.xgr_matcher = matcher
         self._vocab_size = vocab_info.vocab_size
-        self._eos_token_ids = vocab_info.eos_token_ids
         self._num_tokens = 0
 
     def accept(self, token_ids: Sequence[int]) -> bool:
@@ -228,13 +215,9 @@ class XGrammarMatcher(Matcher):
         self._num_tokens += len(token_ids)
         return True
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`)."""
-        check_bitmask(bitmask, row, self._vocab_size)
-        if self.xgr_matcher.is_terminated():
-            allow_only(bitmask, row, self._eos_token_ids)
-        else:
-            self.xgr_matcher.fill_next_token_bitmask(bitmask, row)
+    def _fill_next(self, bitmask: torch.Tensor, row: int) -> None:
+        """xgrammar's fill of `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`, checked)."""
+        self.xgr_matcher.fill_next_token_bitmask(bitmask, row)
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` tokens. Raises ValueError beyond what was accepted."""
