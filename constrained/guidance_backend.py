@@ -19,7 +19,13 @@ from constrained.schema_keywords import GUIDANCE_RULES, check_keywords
 from constrained.schema_walk import iter_patterns
 from constrained.source import load_choices, load_schema
 from constrained.spec import GrammarKind, GrammarSpec, guidance_json_options
-from constrained.structural_tag import StructuralTag, StructuralTagGrammar, parse_structural_tag, schema_pointer
+from constrained.structural_tag import (
+    ANSWER_POINTER,
+    StructuralTag,
+    StructuralTagGrammar,
+    parse_structural_tag,
+    schema_pointer,
+)
 from constrained.vocab import VocabInfo
 
 logger = logging.getLogger(__name__)
@@ -42,7 +48,10 @@ def _bad_pattern(spec: GrammarSpec) -> str:
     if spec.kind == GrammarKind.JSON_SCHEMA:
         schemas = [("#", load_schema(spec))]
     elif spec.kind == GrammarKind.STRUCTURAL_TAG:
-        schemas = [(schema_pointer(i), tag.schema) for i, tag in enumerate(parse_structural_tag(spec).tags)]
+        parsed = parse_structural_tag(spec)
+        schemas = [(schema_pointer(i), tag.schema) for i, tag in enumerate(parsed.tags)]
+        if parsed.answer is not None:
+            schemas.append((ANSWER_POINTER, parsed.answer))
     else:
         return ""
     for where, schema in schemas:
@@ -124,11 +133,12 @@ class GuidanceBackend(GrammarBackend):
     def _structural_tag_grammar(self, spec: GrammarSpec) -> str:
         """Lark for a structural tag (see constrained/structural_tag.py for the semantics).
 
-        Forced: `start: call (SEPARATOR call)*` (or one call), no free text. Otherwise free text
-        is TAG_TEXT, any text that contains no trigger, so a trigger can only start a call:
-        `start: tag* TAG_TEXT` where each tag is `TAG_TEXT trigger rest-of-begin %json{schema} end`
-        (with stop_after_first: `start: TAG_TEXT | tag`). A trigger that is a special token of the
-        tokenizer (`<...>`) is matched as that token. Raises InvalidGrammar for style "qwen_xml".
+        Forced: `calls: call (SEPARATOR call)*` (or one call), no free text, and `start: calls`, or
+        `start: answer | calls` with `answer: %json{answer schema}`. Otherwise free text is TAG_TEXT,
+        any text that contains no trigger, so a trigger can only start a call: `start: tag* TAG_TEXT`
+        where each tag is `TAG_TEXT trigger rest-of-begin %json{schema} end` (with stop_after_first:
+        `start: TAG_TEXT | tag`). A trigger that is a special token of the tokenizer (`<...>`) is
+        matched as that token. Raises InvalidGrammar for style "qwen_xml".
         """
         parsed: StructuralTagGrammar = parse_structural_tag(spec)
         names = [f"tag_{i}" for i in range(len(parsed.tags))]
@@ -137,9 +147,13 @@ class GuidanceBackend(GrammarBackend):
             lines += self._tag_rules(i, name, tag, parsed, spec)
         if parsed.forced:
             more = "" if parsed.stop_after_first else " (SEPARATOR call)*" if parsed.separator else " call*"
-            lines.append(f"start: call{more}")
+            lines.append(f"calls: call{more}")
             if parsed.separator and not parsed.stop_after_first:
                 lines.append(f"SEPARATOR: {_lark_literal(parsed.separator)}")
+            if parsed.answer is None:
+                lines.append("start: calls")
+            else:
+                lines += ["start: answer | calls", "answer: " + self._json_rule(parsed.answer, spec, ANSWER_POINTER, "the answer")]
         else:
             lines.append("start: TAG_TEXT | call" if parsed.stop_after_first else "start: call* TAG_TEXT")
             triggers = " | ".join(_lark_literal(t) for t in parsed.triggers)
@@ -151,12 +165,6 @@ class GuidanceBackend(GrammarBackend):
         if tag.style != "json":
             raise InvalidGrammar(f'guidance cannot compile structural_tag: style "{tag.style}" of structures[{index}] '
                                  "is not supported", param=spec.kind.value)
-        check_keywords(tag.schema, GUIDANCE_RULES, spec.kind.value, schema_pointer(index))
-        if tag.schema is False:
-            raise InvalidGrammar(f"guidance cannot compile structural_tag: the schema of structures[{index}] is "
-                                 "false (nothing matches)", param=spec.kind.value)
-        schema: dict[str, Any] = tag.schema if isinstance(tag.schema, dict) else {}
-        schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **self._json_options(spec)}}
         trigger = parsed.trigger_of(tag)
         rest = tag.begin[len(trigger):]
         rules = []
@@ -167,10 +175,22 @@ class GuidanceBackend(GrammarBackend):
         else:  # one lexeme: text without a trigger, then the trigger (so the trigger ends the text)
             head = f"{name.upper()}_HEAD"
             rules.append(f"{head}: TAG_TEXT {_lark_literal(trigger)}")
-        body = [head, _lark_literal(rest) if rest else "", "%json " + json.dumps(schema, ensure_ascii=False),
+        body = [head, _lark_literal(rest) if rest else "", self._json_rule(tag.schema, spec, schema_pointer(index), f"structures[{index}]"),
                 _lark_literal(tag.end) if tag.end else ""]
         rules.append(f"{name}: " + " ".join(x for x in body if x))
         return rules
+
+    def _json_rule(self, schema: dict[str, Any] | bool, spec: GrammarSpec, where: str, what: str) -> str:
+        """`%json {...}` for a structural tag's embedded schema at JSON pointer `where` (`what` names
+        it in errors), checked and with the spec's whitespace options. Raises InvalidGrammar for an
+        unenforced keyword or a `false` schema."""
+        check_keywords(schema, GUIDANCE_RULES, spec.kind.value, where)
+        if schema is False:
+            raise InvalidGrammar(f"guidance cannot compile structural_tag: the schema of {what} is "
+                                 "false (nothing matches)", param=spec.kind.value)
+        body: dict[str, Any] = schema if isinstance(schema, dict) else {}
+        body = {**body, "x-guidance": {**body.get("x-guidance", {}), **self._json_options(spec)}}
+        return "%json " + json.dumps(body, ensure_ascii=False)
 
 
 class GuidanceMatcher(Matcher):
