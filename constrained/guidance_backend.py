@@ -15,6 +15,7 @@ import torch
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
 from constrained.errors import InvalidGrammar
+from constrained.json_start import json_start_chars
 from constrained.schema_keywords import GUIDANCE_RULES, check_keywords
 from constrained.schema_walk import iter_patterns
 from constrained.source import load_choices, load_schema
@@ -138,9 +139,11 @@ class GuidanceBackend(GrammarBackend):
         any text that contains no trigger, so a trigger can only start a call: `start: tag* TAG_TEXT`
         where each tag is `TAG_TEXT trigger rest-of-begin %json{schema} end` (with stop_after_first:
         `start: TAG_TEXT | tag`). A trigger that is a special token of the tokenizer (`<...>`) is
-        matched as that token. Raises InvalidGrammar for style "qwen_xml".
+        matched as that token. Raises InvalidGrammar for style "qwen_xml", and for an answer that
+        may start with the first character of a call's `begin` (`_refuse_answer_like_calls`).
         """
         parsed: StructuralTagGrammar = parse_structural_tag(spec)
+        _refuse_answer_like_calls(parsed, spec)
         names = [f"tag_{i}" for i in range(len(parsed.tags))]
         lines = ["%llguidance {}", f"call: {' | '.join(names)}"]
         for i, (name, tag) in enumerate(zip(names, parsed.tags)):
@@ -191,6 +194,20 @@ class GuidanceBackend(GrammarBackend):
         body: dict[str, Any] = schema if isinstance(schema, dict) else {}
         body = {**body, "x-guidance": {**body.get("x-guidance", {}), **self._json_options(spec)}}
         return "%json " + json.dumps(body, ensure_ascii=False)
+
+
+def _refuse_answer_like_calls(parsed: StructuralTagGrammar, spec: GrammarSpec) -> None:
+    """Raise InvalidGrammar when a call's `begin` starts with a character the answer's JSON may start
+    with: llguidance drops the `%json` answer once the literal begin matches the same text (llama3_json
+    calls `{"name": ...` beside an object answer), so it would refuse valid answers."""
+    if parsed.answer is None:
+        return
+    starts = json_start_chars(parsed.answer)
+    for index, tag in enumerate(parsed.tags):
+        if not tag.begin or tag.begin[0] in starts:
+            raise InvalidGrammar(
+                f"guidance cannot compile structural_tag: structures[{index}].begin {tag.begin!r} starts like "
+                "the JSON answer beside it, which llguidance cannot tell apart", param=spec.kind.value)
 
 
 class GuidanceMatcher(Matcher):

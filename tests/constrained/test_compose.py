@@ -112,6 +112,23 @@ def test_xml_style_calls_beside_an_answer_compile_on_xgrammar_only(backend, acce
     assert not accepts(spec, "<f><parameter=x>one</parameter></f>")
 
 
+def test_calls_that_start_like_the_answer_compile_on_xgrammar_only(backend, accepts):
+    """llama3_json-like calls (`{"name": ...`) beside an object answer: llguidance cannot tell them
+    apart, so guidance refuses and "auto" takes xgrammar, which accepts both."""
+    json_like = tool_calls_grammar([StructuralTag('{"call": "f", "args": ', ARGS_F, "}")], '{"call": ', "; ",
+                                   forced=False, single=False)
+    spec = answer_or_calls(ANSWER_SPEC, json_like)
+    if backend.name == "guidance":
+        with pytest.raises(InvalidGrammar, match="starts like the JSON answer"):
+            backend.compile(spec)
+        array_answer = answer_or_calls(GrammarSpec(K.JSON_SCHEMA, '{"type": "array"}'), calls())
+        assert accepts(array_answer, "[1]") and accepts(array_answer, CALL_F)   # "<" cannot start an array
+        return
+    assert accepts(spec, '{"answer": "a"}') and accepts(spec, '{"call": "f", "args": {"x": 1}}')
+    assert accepts(spec, '{"call": "f", "args": {"x": 1}}; {"call": "f", "args": {"x": 2}}')
+    assert not accepts(spec, '{"call": "f", "args": {"x": "1"}}')
+
+
 def test_calls_given_as_a_spec_are_decoded_with_their_options():
     tagged = calls(forced=True).spec(additional_properties=False)
     composed = parse_structural_tag(answer_or_calls_spec(ANSWER_SPEC, tagged))
