@@ -1,31 +1,21 @@
-"""Structural-tag GrammarSpecs for tool calls: resolving `tool_choice` and encoding the tag source.
+"""The tool grammar of a request: which tools may be called, whether a call is forced, and the
+typed structural tags that write each call in a parser's `CallFormat`.
 
-Source of a `GrammarKind.STRUCTURAL_TAG` spec (JSON text; xgrammar's legacy structural tag, as vLLM
-sends it, plus three keys that default to the legacy behaviour):
-
-    {"structures": [{"begin": str, "schema": {JSON schema}, "end": str, "style": "json" | "qwen_xml"}],
-     "triggers": [str],
-     "forced": bool, "stop_after_first": bool, "separator": str}
-
-- Each structure is one tool call: the literal `begin`, then content matching `schema`, then the
-  literal `end`. `style` "json" (the default) writes the content as JSON; "qwen_xml" writes the
-  object's members as `<parameter=KEY>VALUE</parameter>` (xgrammar `JSONSchemaFormat.style`).
-- `forced` false: free text; wherever a trigger (a prefix of some `begin`) appears, one structure whose
-  `begin` starts with it must follow, then free text again (xgrammar `triggered_tags`).
-- `forced` true: no free text at all; one or more structures joined by exactly `separator`
-  (xgrammar `tags_with_separator` with `at_least_one`).
-- `stop_after_first` true: the output ends after the first structure (one call only).
+One function, `tool_grammar`, serves every format whose calls are JSON (or Qwen XML parameters)
+between literal tags (hermes, llama3_json, qwen3_coder); pythonic and mistral, whose calls are not
+one tagged object per tool, override `ToolParser.grammar_for`. Composition (auto / forced, one or
+many calls, an answer beside the calls) is constrained/compose.py's.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
-from constrained.spec import GrammarKind, GrammarSpec
-from toolparsers.base import ToolChoice, ToolSpec
+from constrained.compose import tool_calls_grammar
+from constrained.structural_tag import StructuralTag, StructuralTagGrammar
+from toolparsers.call_format import CallFormat
 from toolparsers.errors import InvalidToolChoice, UnknownTool
+from toolparsers.tool_spec import ToolChoice, ToolSpec
 
 
 def resolve_tool_choice(tools: list[ToolSpec], tool_choice: ToolChoice) -> tuple[list[ToolSpec], bool]:
@@ -66,6 +56,11 @@ def _named_choice(tool_choice: Any) -> str:
     )
 
 
+def single_call(tool_choice: ToolChoice, parallel_tool_calls: bool) -> bool:
+    """True when at most one call may be made: a named function, or parallel_tool_calls false."""
+    return isinstance(tool_choice, dict) or not parallel_tool_calls
+
+
 def arguments_schema(tool: ToolSpec) -> dict[str, Any]:
     """The JSON schema a call's arguments must match: the tool's parameters, typed "object" when the
     schema names no type (so the arguments are always an object, never a bare string)."""
@@ -77,51 +72,22 @@ def arguments_schema(tool: ToolSpec) -> dict[str, Any]:
     return schema
 
 
-def structure(begin: str, schema: dict[str, Any], end: str, style: str = "json") -> dict[str, Any]:
-    """One entry of `structures`: literal `begin`, content matching `schema` in `style`, literal `end`."""
-    return {"begin": begin, "schema": schema, "end": end, "style": style}
+def tool_grammar(
+    call_format: CallFormat, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool
+) -> StructuralTagGrammar | None:
+    """The calls of `tools` under `tool_choice`, one structural tag per callable tool written in
+    `call_format`: `begin_for(name)`, the arguments (`arguments_schema`, in the format's style), `end`.
 
-
-def structural_tag_spec(
-    structures: list[dict[str, Any]],
-    triggers: list[str],
-    forced: bool,
-    stop_after_first: bool,
-    separator: str,
-) -> GrammarSpec:
-    """A `GrammarKind.STRUCTURAL_TAG` spec with the source format described in this module's docstring."""
-    source = {
-        "structures": structures,
-        "triggers": triggers,
-        "forced": forced,
-        "stop_after_first": stop_after_first,
-        "separator": separator,
-    }
-    return GrammarSpec(kind=GrammarKind.STRUCTURAL_TAG, source=json.dumps(source, ensure_ascii=False))
-
-
-def tagged_call_grammar(
-    tools: list[ToolSpec],
-    tool_choice: ToolChoice,
-    parallel_tool_calls: bool,
-    begin_end: Callable[[str], tuple[str, str]],
-    trigger: str,
-    separator: str,
-    style: str = "json",
-) -> GrammarSpec | None:
-    """The spec for formats with one structure per tool; `begin_end(name) -> (begin, end)`.
-
-    None for "none" and for "auto" without tools. A named choice allows exactly one call;
-    `parallel_tool_calls` False allows at most one call in every mode.
+    None for "none" and for "auto" without tools. "auto": free text, a call wherever the trigger
+    appears; "required": at least one call; named: exactly that tool, once; parallel_tool_calls
+    false: one call at most in every mode. Raises what `resolve_tool_choice` raises.
     """
     allowed, forced = resolve_tool_choice(tools, tool_choice)
     if not allowed:
         return None
-    structures = []
-    for tool in allowed:
-        begin, end = begin_end(tool.name)
-        structures.append(structure(begin, arguments_schema(tool), end, style))
-    named = isinstance(tool_choice, dict)
-    return structural_tag_spec(
-        structures, [trigger], forced, stop_after_first=named or not parallel_tool_calls, separator=separator
-    )
+    tags = [
+        StructuralTag(call_format.begin_for(tool.name), arguments_schema(tool), call_format.end, call_format.style)
+        for tool in allowed
+    ]
+    return tool_calls_grammar(tags, call_format.trigger, call_format.separator, forced=forced,
+                              single=single_call(tool_choice, parallel_tool_calls))
