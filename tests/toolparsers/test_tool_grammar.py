@@ -11,11 +11,12 @@ checks that guidance refuses them by name).
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import pytest
 
-from constrained import GrammarBackend, GrammarKind, GrammarSpec, VocabInfo, answer_or_calls_spec, get_grammar_backend
+from constrained import GrammarKind, GrammarSpec, answer_or_calls_spec
 from constrained.structural_tag import parse_structural_tag
 from toolparsers import (
     TOOL_PARSERS,
@@ -60,36 +61,6 @@ FORMATS_ON_BACKENDS = [(name, backend) for name in sorted(TOOL_PARSERS) for back
                        if backend == "xgrammar" or name not in XGRAMMAR_ONLY]
 
 
-@pytest.fixture(scope="module")
-def grammar_backends(smollm2_tokenizer) -> dict[str, GrammarBackend]:
-    vocab_info = VocabInfo.from_huggingface(smollm2_tokenizer, vocab_size=49152)
-    return {name: get_grammar_backend(name)(vocab_info) for name in ("xgrammar", "guidance")}
-
-
-class Acceptor:
-    """Compiles specs on one backend and runs texts + EOS through fresh matchers."""
-
-    def __init__(self, backend: GrammarBackend, tokenizer: Any) -> None:
-        self.backend, self.tokenizer = backend, tokenizer
-        self._compiled: dict[GrammarSpec, Any] = {}
-
-    def __call__(self, spec: GrammarSpec | None, text: str) -> bool:
-        """True when every token of `text` and then EOS is accepted (the matcher terminates)."""
-        assert spec is not None
-        if spec not in self._compiled:
-            self._compiled[spec] = self.backend.compile(GrammarSpec(spec.kind, spec.source, self.backend.name))
-        matcher = self.backend.new_matcher(self._compiled[spec])
-        eos = self.backend.vocab_info.eos_token_ids[0]
-        for token_id in [*self.tokenizer.encode(text, add_special_tokens=False), eos]:
-            if not matcher.accept([token_id]):
-                return False
-        return matcher.is_terminated()
-
-
-def acceptor(grammar_backends, smollm2_tokenizer, backend: str) -> Acceptor:
-    return Acceptor(grammar_backends[backend], smollm2_tokenizer)
-
-
 @pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
 def test_none_and_auto_without_tools_give_no_grammar(name: str) -> None:
     parser = get_tool_parser(name)()
@@ -127,8 +98,8 @@ def test_structural_tags_follow_the_tool_choice(name: str, choice: Any) -> None:
 
 
 @pytest.mark.parametrize(("name", "backend"), FORMATS_ON_BACKENDS)
-def test_forced_grammar_accepts_only_calls_that_parse(grammar_backends, smollm2_tokenizer, name, backend) -> None:
-    accepts = acceptor(grammar_backends, smollm2_tokenizer, backend)
+def test_forced_grammar_accepts_only_calls_that_parse(grammar_accepts, name, backend) -> None:
+    accepts = partial(grammar_accepts, backend=backend)
     weather, time, separator = CALLS[name]
     parser = get_tool_parser(name)(TOOLS)
     required = parser.grammar_for(TOOLS, "required", True)
@@ -149,8 +120,8 @@ def test_forced_grammar_accepts_only_calls_that_parse(grammar_backends, smollm2_
 
 
 @pytest.mark.parametrize(("name", "backend"), FORMATS_ON_BACKENDS)
-def test_auto_grammar_allows_text_and_constrains_calls(grammar_backends, smollm2_tokenizer, name, backend) -> None:
-    accepts = acceptor(grammar_backends, smollm2_tokenizer, backend)
+def test_auto_grammar_allows_text_and_constrains_calls(grammar_accepts, name, backend) -> None:
+    accepts = partial(grammar_accepts, backend=backend)
     weather, _, _ = CALLS[name]
     parser = get_tool_parser(name)(TOOLS)
     auto = parser.grammar_for(TOOLS, "auto", True)
@@ -168,10 +139,9 @@ COMPOSABLE = [fb for fb in FORMATS_ON_BACKENDS if fb[0] != "pythonic" and fb != 
 
 @pytest.mark.parametrize(("name", "backend"), COMPOSABLE)
 @pytest.mark.parametrize("parallel", [True, False])
-def test_each_format_composes_with_a_json_answer(grammar_backends, smollm2_tokenizer, name, backend,
-                                                 parallel) -> None:
+def test_each_format_composes_with_a_json_answer(grammar_accepts, name, backend, parallel) -> None:
     """tool_choice "auto" + a JSON format: the answer, or the format's own calls, nothing else."""
-    accepts = acceptor(grammar_backends, smollm2_tokenizer, backend)
+    accepts = partial(grammar_accepts, backend=backend)
     weather, time, separator = CALLS[name]
     answer = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(
         {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}))
@@ -184,24 +154,24 @@ def test_each_format_composes_with_a_json_answer(grammar_backends, smollm2_token
     assert accepts(spec, both) == parallel
 
 
-def test_tools_without_parameters_get_an_object_schema(grammar_backends, smollm2_tokenizer) -> None:
+def test_tools_without_parameters_get_an_object_schema(grammar_accepts) -> None:
     spec = get_tool_parser("hermes")().grammar_for([ToolSpec("ping", parameters={})], "required", True)
     assert spec is not None
     assert parse_structural_tag(spec).tags[0].schema == {"type": "object", "properties": {}}
-    for backend in grammar_backends:
-        accepts = acceptor(grammar_backends, smollm2_tokenizer, backend)
+    for backend in ("xgrammar", "guidance"):
+        accepts = partial(grammar_accepts, backend=backend)
         assert accepts(spec, '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>')
         assert not accepts(spec, '<tool_call>\n{"name": "ping", "arguments": "x"}\n</tool_call>')
 
 
-def test_pythonic_grammar_follows_types_and_required(grammar_backends, smollm2_tokenizer) -> None:
+def test_pythonic_grammar_follows_types_and_required(grammar_accepts) -> None:
     tool = ToolSpec("f", parameters={"type": "object", "required": ["n"], "properties": {
         "n": {"type": "integer"}, "s": {"enum": ["a", "b"]},
         "l": {"type": "array", "items": {"type": "boolean"}},
         "o": {"type": ["string", "null"]}}})
     spec = get_tool_parser("pythonic")().grammar_for([tool], "required", True)
     assert spec is not None and spec.kind == GrammarKind.GRAMMAR and spec.backend == "xgrammar"
-    accepts = acceptor(grammar_backends, smollm2_tokenizer, "xgrammar")
+    accepts = partial(grammar_accepts, backend="xgrammar")
     assert accepts(spec, '[f(n=1, s="b", l=[True, False], o=None)]')
     assert accepts(spec, '[f(n=-3, o="x")]')
     for bad in ('[f(s="a")]', '[f(n="1")]', '[f(n=1, s="c")]', "[f(n=1, l=[1])]", "[f(s=\"a\", n=1)]"):
