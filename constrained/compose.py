@@ -44,7 +44,9 @@ def tool_calls_grammar(
                                 separator=separator)
 
 
-def answer_or_calls(answer: GrammarSpec, calls: StructuralTagGrammar, close_calls: bool = True) -> GrammarSpec:
+def answer_or_calls(
+    answer: GrammarSpec, calls: StructuralTagGrammar, close_calls: bool = True
+) -> GrammarSpec:
     """A structural_tag spec accepting either the JSON document of `answer` or `calls`, forced.
 
     `answer`: a json_schema / json_object spec; its backend, any_whitespace and

@@ -156,7 +156,8 @@ class GuidanceBackend(GrammarBackend):
             if parsed.answer is None:
                 lines.append("start: calls")
             else:
-                lines += ["start: answer | calls", "answer: " + self._json_rule(parsed.answer, spec, ANSWER_POINTER, "the answer")]
+                answer = self._json_rule(parsed.answer, spec, ANSWER_POINTER, "the answer")
+                lines += ["start: answer | calls", f"answer: {answer}"]
         else:
             lines.append("start: TAG_TEXT | call" if parsed.stop_after_first else "start: call* TAG_TEXT")
             triggers = " | ".join(_lark_literal(t) for t in parsed.triggers)
@@ -178,8 +179,8 @@ class GuidanceBackend(GrammarBackend):
         else:  # one lexeme: text without a trigger, then the trigger (so the trigger ends the text)
             head = f"{name.upper()}_HEAD"
             rules.append(f"{head}: TAG_TEXT {_lark_literal(trigger)}")
-        body = [head, _lark_literal(rest) if rest else "", self._json_rule(tag.schema, spec, schema_pointer(index), f"structures[{index}]"),
-                _lark_literal(tag.end) if tag.end else ""]
+        content = self._json_rule(tag.schema, spec, schema_pointer(index), f"structures[{index}]")
+        body = [head, _lark_literal(rest) if rest else "", content, _lark_literal(tag.end) if tag.end else ""]
         rules.append(f"{name}: " + " ".join(x for x in body if x))
         return rules
 
@@ -206,8 +207,8 @@ def _refuse_answer_like_calls(parsed: StructuralTagGrammar, spec: GrammarSpec) -
     for index, tag in enumerate(parsed.tags):
         if not tag.begin or tag.begin[0] in starts:
             raise InvalidGrammar(
-                f"guidance cannot compile structural_tag: structures[{index}].begin {tag.begin!r} starts like "
-                "the JSON answer beside it, which llguidance cannot tell apart", param=spec.kind.value)
+                f"guidance cannot compile structural_tag: structures[{index}].begin {tag.begin!r} starts "
+                "like the JSON answer beside it, which llguidance cannot tell apart", param=spec.kind.value)
 
 
 class GuidanceMatcher(Matcher):

@@ -70,8 +70,9 @@ class StructuralTagGrammar:
 
         Raises InvalidGrammar when it would not parse back (see parse_structural_tag).
         """
+        structures = [{"begin": t.begin, "schema": t.schema, "end": t.end, "style": t.style} for t in self.tags]
         data: dict[str, Any] = {
-            "structures": [{"begin": t.begin, "schema": t.schema, "end": t.end, "style": t.style} for t in self.tags],
+            "structures": structures,
             "triggers": list(self.triggers),
             "forced": self.forced,
             "stop_after_first": self.stop_after_first,

@@ -183,7 +183,8 @@ class XGrammarBackend(GrammarBackend):
             fmt = {"type": "tags_with_separator", "tags": tags, "separator": parsed.separator,
                    "at_least_one": True, "stop_after_first": parsed.stop_after_first}
             if parsed.answer is not None:
-                fmt = {"type": "or", "elements": [self._json_content(parsed.answer, spec, ANSWER_POINTER), fmt]}
+                answer = self._json_content(parsed.answer, spec, ANSWER_POINTER)
+                fmt = {"type": "or", "elements": [answer, fmt]}
         else:
             fmt = {"type": "triggered_tags", "triggers": list(parsed.triggers), "tags": tags,
                    "at_least_one": False, "stop_after_first": parsed.stop_after_first}

@@ -115,6 +115,8 @@ def grammar_accepts(grammar_backends, smollm2_tokenizer) -> Callable[..., bool]:
     """grammar_accepts(spec, text, backend): True when that backend, with `spec` compiled on it
     (its own backend choice overridden), takes every SmolLM2 token of `text` one at a time and then
     EOS, ending terminated. Compiles are cached per (spec, backend) for the session."""
+    import dataclasses
+
     from constrained import GrammarSpec
 
     compiled: dict[tuple[GrammarSpec, str], Any] = {}
@@ -123,8 +125,7 @@ def grammar_accepts(grammar_backends, smollm2_tokenizer) -> Callable[..., bool]:
         grammar_backend = grammar_backends[backend]
         key = (spec, backend)
         if key not in compiled:
-            compiled[key] = grammar_backend.compile(GrammarSpec(spec.kind, spec.source, backend, spec.any_whitespace,
-                                                                spec.additional_properties))
+            compiled[key] = grammar_backend.compile(dataclasses.replace(spec, backend=backend))
         matcher = grammar_backend.new_matcher(compiled[key])
         eos = grammar_backend.vocab_info.eos_token_ids[0]
         for token_id in [*smollm2_tokenizer.encode(text, add_special_tokens=False), eos]:

@@ -25,7 +25,7 @@ class HermesParser(ToolParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (vLLM name: hermes)."""
 
     name = "hermes"
-    # The grammar writes `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, calls joined by "\n".
+    # The grammar writes `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, joined by "\n".
     call_format = CallFormat(f'{START}\n{{"name": {NAME_JSON}, "arguments": ', "}\n" + END, START, "\n")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:

@@ -41,7 +41,8 @@ class Qwen3CoderParser(ToolParser):
     name = "qwen3_coder"
     # The grammar writes `<tool_call>\n<function=NAME>\n` + the arguments as `<parameter=KEY>VALUE
     # </parameter>` members (style "qwen_xml", xgrammar only) + `\n</function>\n</tool_call>`.
-    call_format = CallFormat(f"{START}\n<function={NAME}>\n", f"\n</function>\n{END}", START, "\n", "qwen_xml")
+    call_format = CallFormat(f"{START}\n<function={NAME}>\n", f"\n</function>\n{END}", START,
+                             separator="\n", style="qwen_xml")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         return scan_tagged(text, final, START, END, self._parse_block, _find_end)

@@ -85,9 +85,7 @@ def tool_grammar(
     allowed, forced = resolve_tool_choice(tools, tool_choice)
     if not allowed:
         return None
-    tags = [
-        StructuralTag(call_format.begin_for(tool.name), arguments_schema(tool), call_format.end, call_format.style)
-        for tool in allowed
-    ]
+    end, style = call_format.end, call_format.style
+    tags = [StructuralTag(call_format.begin_for(tool.name), arguments_schema(tool), end, style) for tool in allowed]
     return tool_calls_grammar(tags, call_format.trigger, call_format.separator, forced=forced,
                               single=single_call(tool_choice, parallel_tool_calls))
