@@ -38,7 +38,7 @@ def tool_calls_grammar(
     `trigger`: the text that starts a call in free text (every tag's `begin` starts with it);
     `separator`: the exact text between two forced calls; `forced`: calls only (else free text
     around triggered calls); `single`: one call at most (forced: exactly one).
-    Raises InvalidGrammar (via `StructuralTagGrammar.spec`) only when encoded with a bad tag.
+    Nothing is checked here; compiling the spec raises InvalidGrammar for a malformed schema.
     """
     return StructuralTagGrammar(tuple(tags), (trigger,), forced=forced, stop_after_first=single,
                                 separator=separator)
@@ -54,7 +54,8 @@ def answer_or_calls(
     `forced` flag is ignored (no free text beside a JSON answer), its `stop_after_first` kept.
     `close_calls`: objects in the calls' schemas without `additionalProperties` are closed
     whatever `answer` says (the server closes tool arguments). Raises NotComposable
-    (part "answer") when `answer` is not a JSON format, InvalidGrammar for a malformed schema.
+    (part "answer") when `answer` is not a JSON format, InvalidGrammar when its source is not a
+    JSON schema (load_schema); the rest is checked when the result is compiled.
     """
     if answer.kind not in ANSWER_KINDS:
         raise NotComposable(f"{answer.kind.value} cannot be the answer beside tool calls; only a JSON schema "

@@ -68,7 +68,8 @@ class StructuralTagGrammar:
              additional_properties: bool = True) -> GrammarSpec:
         """The structural_tag GrammarSpec of this grammar (source as compact JSON, the module's format).
 
-        Raises InvalidGrammar when it would not parse back (see parse_structural_tag).
+        Not validated here (walking every schema is ~90% of building a tool grammar, per request):
+        compiling checks it (parse_structural_tag, InvalidGrammar), once per distinct spec.
         """
         structures = [{"begin": t.begin, "schema": t.schema, "end": t.end, "style": t.style} for t in self.tags]
         data: dict[str, Any] = {
@@ -81,9 +82,7 @@ class StructuralTagGrammar:
         if self.answer is not None:
             data["answer"] = self.answer
         source = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-        spec = GrammarSpec(GrammarKind.STRUCTURAL_TAG, source, backend, any_whitespace, additional_properties)
-        parse_structural_tag(spec)
-        return spec
+        return GrammarSpec(GrammarKind.STRUCTURAL_TAG, source, backend, any_whitespace, additional_properties)
 
 
 def structural_tag_spec(
@@ -102,7 +101,9 @@ def structural_tag_spec(
     Raises InvalidGrammar when the result would not parse (see parse_structural_tag).
     """
     grammar = StructuralTagGrammar(tuple(tags), tuple(triggers), forced, stop_after_first, separator)
-    return grammar.spec(backend, any_whitespace, additional_properties)
+    spec = grammar.spec(backend, any_whitespace, additional_properties)
+    parse_structural_tag(spec)
+    return spec
 
 
 def parse_structural_tag(spec: GrammarSpec) -> StructuralTagGrammar:
