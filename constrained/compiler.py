@@ -177,8 +177,9 @@ class GrammarCompiler:
         """
         groups: dict[str, list[tuple[Matcher | None, int]]] = {}
         for matcher, row in matchers:
-            if not fill_settled_row(bitmask, row, matcher):
-                assert matcher is not None
+            if matcher is None:
+                fill_settled_row(bitmask, row, None)
+            else:   # the backend settles finished matchers' rows itself
                 groups.setdefault(matcher.backend, []).append((matcher, row))
         for name, pairs in groups.items():
             self.get_backend(name).fill_bitmasks(pairs, bitmask)
