@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from constrained.bitmask import allow_only, check_bitmask, fill_all_ones
 from constrained.spec import GrammarSpec
 from constrained.vocab import VocabInfo
 
@@ -31,24 +32,38 @@ class CompiledGrammar:
 class Matcher(ABC):
     """Per-sequence grammar state. Not thread-safe: one owner (the engine thread) at a time.
 
-    Token ids are ints in `[0, vocab_size)`. An EOS id is accepted only at an accepting state and
-    terminates the matcher; afterwards nothing more is accepted and the bitmask allows only EOS.
-    `backend` names the GrammarBackend that made it.
+    Token ids are ints in `[0, vocab_size)` of `vocab_info`. An EOS id is accepted only at an
+    accepting state and terminates the matcher; afterwards nothing more is accepted and the bitmask
+    allows only EOS (`fill_settled_row`). `backend` names the GrammarBackend that made it.
     """
 
     backend: str = ""
+
+    def __init__(self, vocab_info: VocabInfo) -> None:
+        self.vocab_info = vocab_info
 
     @abstractmethod
     def accept(self, token_ids: Sequence[int]) -> bool:
         """Advance by `token_ids` atomically. Returns False and leaves the state unchanged when any
         token is rejected (including any token after an EOS, or an id out of range)."""
 
-    @abstractmethod
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]`; the state is unchanged.
 
         `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; raises ValueError otherwise.
         """
+        if not fill_settled_row(bitmask, row, self):
+            self._fill_next(bitmask, row)
+
+    @abstractmethod
+    def _fill_next(self, bitmask: torch.Tensor, row: int) -> None:
+        """The library's own fill of `bitmask[row]` (already checked) for a matcher with more than
+        EOS left."""
+
+    def only_eos_left(self) -> bool:
+        """True when the bitmask must allow only EOS: by default once terminated; a backend adds
+        states where its library can go no further (guidance: its error state)."""
+        return self.is_terminated()
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:
@@ -99,14 +114,41 @@ class GrammarBackend(ABC):
         Raises ValueError when `compiled` came from another backend.
         """
 
-    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
-        """Fill one row per `(matcher, row)` pair of this backend's matchers; backends may parallelise.
+    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher | None, int]], bitmask: torch.Tensor) -> None:
+        """Fill one row per `(matcher, row)` pair (this backend's matchers, or None for a row without
+        a grammar): `fill_settled_row` first, the library for the rest (`_fill_live`).
 
-        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`.
+        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; raises ValueError otherwise.
         """
+        live = [(matcher, row) for matcher, row in matchers if not fill_settled_row(bitmask, row, matcher)]
+        if live:
+            self._fill_live(live, bitmask)
+
+    def _fill_live(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+        """The library fill of rows whose matchers have more than EOS left; backends batch it
+        (threads, GIL released). Rows are already checked."""
         for matcher, row in matchers:
-            matcher.fill_bitmask(bitmask, row)
+            matcher._fill_next(bitmask, row)
 
     def _check_compiled(self, compiled: CompiledGrammar) -> None:
         if compiled.backend != self.name:
             raise ValueError(f"grammar compiled by {compiled.backend!r} given to backend {self.name!r}")
+
+
+def fill_settled_row(bitmask: torch.Tensor, row: int, matcher: Matcher | None) -> bool:
+    """Write `bitmask[row]` when no grammar library is needed for it and return True; else False.
+
+    The one place of the rule for every backend and the engine's mixed batches: a row without a
+    matcher (a request with no grammar) allows every token; a matcher with only EOS left
+    (`Matcher.only_eos_left`: terminated, or its library failed) allows exactly its EOS ids, so
+    the sequence ends instead of sampling from an empty mask. `bitmask`: contiguous int32 CPU
+    `[num_rows, ceil(vocab_size / 32)]`; checked for a matcher's vocabulary (ValueError).
+    """
+    if matcher is None:
+        fill_all_ones(bitmask, [row])
+        return True
+    check_bitmask(bitmask, row, matcher.vocab_info.vocab_size)
+    if matcher.only_eos_left():
+        allow_only(bitmask, row, matcher.vocab_info.eos_token_ids)
+        return True
+    return False

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
+from constrained.backend import CompiledGrammar, GrammarBackend, Matcher, fill_settled_row
 from constrained.errors import GrammarCompileTimeout, GrammarConfigError, InvalidGrammar
 from constrained.registry import GRAMMAR_BACKENDS, get_grammar_backend
 from constrained.schema_walk import check_schema_shape
@@ -168,14 +168,19 @@ class GrammarCompiler:
         """A fresh Matcher from the backend that compiled `compiled`."""
         return self.get_backend(compiled.backend).new_matcher(compiled)
 
-    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
+    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher | None, int]], bitmask: torch.Tensor) -> None:
         """Fill `bitmask[row]` for every `(matcher, row)`, batched per backend (parallel, GIL released).
 
-        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; rows not listed are untouched.
+        A None matcher (a request without a grammar in a mixed batch) allows every token
+        (`constrained.backend.fill_settled_row`). `bitmask`: contiguous int32 CPU
+        `[num_rows, ceil(vocab_size / 32)]`; rows not listed are untouched.
         """
-        groups: dict[str, list[tuple[Matcher, int]]] = {}
+        groups: dict[str, list[tuple[Matcher | None, int]]] = {}
         for matcher, row in matchers:
-            groups.setdefault(matcher.backend, []).append((matcher, row))
+            if matcher is None:
+                fill_settled_row(bitmask, row, None)
+            else:   # the backend settles finished matchers' rows itself
+                groups.setdefault(matcher.backend, []).append((matcher, row))
         for name, pairs in groups.items():
             self.get_backend(name).fill_bitmasks(pairs, bitmask)
 

@@ -24,6 +24,18 @@ class InvalidGrammar(GrammarError):
     """
 
 
+class NotComposable(InvalidGrammar):
+    """Two constraints that constrained/compose.py cannot join into one grammar.
+
+    `part` says which input is at fault: "answer" (not a JSON format) or "calls" (tool calls
+    not written as structural tags).
+    """
+
+    def __init__(self, message: str, part: str, param: str | None = None) -> None:
+        super().__init__(message, param)
+        self.part = part
+
+
 class UnknownGrammarBackend(InvalidGrammar):
     """A backend name that is not in `constrained.registry.GRAMMAR_BACKENDS`; the message lists the names."""
 

@@ -14,13 +14,19 @@ import llguidance.torch
 import torch
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
-from constrained.bitmask import allow_only, check_bitmask
 from constrained.errors import InvalidGrammar
+from constrained.json_start import json_start_chars
 from constrained.schema_keywords import GUIDANCE_RULES, check_keywords
 from constrained.schema_walk import iter_patterns
 from constrained.source import load_choices, load_schema
 from constrained.spec import GrammarKind, GrammarSpec, guidance_json_options
-from constrained.structural_tag import StructuralTag, StructuralTagGrammar, parse_structural_tag, schema_pointer
+from constrained.structural_tag import (
+    ANSWER_POINTER,
+    StructuralTag,
+    StructuralTagGrammar,
+    parse_structural_tag,
+    schema_pointer,
+)
 from constrained.vocab import VocabInfo
 
 logger = logging.getLogger(__name__)
@@ -43,7 +49,10 @@ def _bad_pattern(spec: GrammarSpec) -> str:
     if spec.kind == GrammarKind.JSON_SCHEMA:
         schemas = [("#", load_schema(spec))]
     elif spec.kind == GrammarKind.STRUCTURAL_TAG:
-        schemas = [(schema_pointer(i), tag.schema) for i, tag in enumerate(parse_structural_tag(spec).tags)]
+        parsed = parse_structural_tag(spec)
+        schemas = [(schema_pointer(i), tag.schema) for i, tag in enumerate(parsed.tags)]
+        if parsed.answer is not None:
+            schemas.append((ANSWER_POINTER, parsed.answer))
     else:
         return ""
     for where, schema in schemas:
@@ -102,21 +111,11 @@ class GuidanceBackend(GrammarBackend):
         self._check_compiled(compiled)
         return GuidanceMatcher(compiled.artefact.deep_copy(), self.vocab_info)
 
-    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
-        """Fill rows for many GuidanceMatchers in parallel (llguidance's executor, GIL released).
-
-        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; raises ValueError otherwise.
-        """
-        live: list[tuple[Any, int]] = []
-        for matcher, row in matchers:
-            assert isinstance(matcher, GuidanceMatcher)
-            check_bitmask(bitmask, row, self.vocab_info.vocab_size)
-            if matcher.only_eos_left():
-                allow_only(bitmask, row, self.vocab_info.eos_token_ids)
-            else:
-                live.append((matcher.ll_matcher, row))
-        if live:
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, live, bitmask)
+    def _fill_live(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+        """Fill the rows of live GuidanceMatchers in parallel (llguidance's executor, GIL released)."""
+        assert all(isinstance(matcher, GuidanceMatcher) for matcher, _ in matchers)
+        llguidance.torch.fill_next_token_bitmask_par(
+            self._executor, [(m.ll_matcher, row) for m, row in matchers], bitmask)
 
     def _json_options(self, spec: GrammarSpec) -> Any:  # llguidance's JsonCompileOptions TypedDict
         return guidance_json_options(spec.any_whitespace)
@@ -135,22 +134,30 @@ class GuidanceBackend(GrammarBackend):
     def _structural_tag_grammar(self, spec: GrammarSpec) -> str:
         """Lark for a structural tag (see constrained/structural_tag.py for the semantics).
 
-        Forced: `start: call (SEPARATOR call)*` (or one call), no free text. Otherwise free text
-        is TAG_TEXT, any text that contains no trigger, so a trigger can only start a call:
-        `start: tag* TAG_TEXT` where each tag is `TAG_TEXT trigger rest-of-begin %json{schema} end`
-        (with stop_after_first: `start: TAG_TEXT | tag`). A trigger that is a special token of the
-        tokenizer (`<...>`) is matched as that token. Raises InvalidGrammar for style "qwen_xml".
+        Forced: `calls: call (SEPARATOR call)*` (or one call), no free text, and `start: calls`, or
+        `start: answer | calls` with `answer: %json{answer schema}`. Otherwise free text is TAG_TEXT,
+        any text that contains no trigger, so a trigger can only start a call: `start: tag* TAG_TEXT`
+        where each tag is `TAG_TEXT trigger rest-of-begin %json{schema} end` (with stop_after_first:
+        `start: TAG_TEXT | tag`). A trigger that is a special token of the tokenizer (`<...>`) is
+        matched as that token. Raises InvalidGrammar for style "qwen_xml", and for an answer that
+        may start with the first character of a call's `begin` (`_refuse_answer_like_calls`).
         """
         parsed: StructuralTagGrammar = parse_structural_tag(spec)
+        _refuse_answer_like_calls(parsed, spec)
         names = [f"tag_{i}" for i in range(len(parsed.tags))]
         lines = ["%llguidance {}", f"call: {' | '.join(names)}"]
         for i, (name, tag) in enumerate(zip(names, parsed.tags)):
             lines += self._tag_rules(i, name, tag, parsed, spec)
         if parsed.forced:
             more = "" if parsed.stop_after_first else " (SEPARATOR call)*" if parsed.separator else " call*"
-            lines.append(f"start: call{more}")
+            lines.append(f"calls: call{more}")
             if parsed.separator and not parsed.stop_after_first:
                 lines.append(f"SEPARATOR: {_lark_literal(parsed.separator)}")
+            if parsed.answer is None:
+                lines.append("start: calls")
+            else:
+                answer = self._json_rule(parsed.answer, spec, ANSWER_POINTER, "the answer")
+                lines += ["start: answer | calls", f"answer: {answer}"]
         else:
             lines.append("start: TAG_TEXT | call" if parsed.stop_after_first else "start: call* TAG_TEXT")
             triggers = " | ".join(_lark_literal(t) for t in parsed.triggers)
@@ -162,12 +169,6 @@ class GuidanceBackend(GrammarBackend):
         if tag.style != "json":
             raise InvalidGrammar(f'guidance cannot compile structural_tag: style "{tag.style}" of structures[{index}] '
                                  "is not supported", param=spec.kind.value)
-        check_keywords(tag.schema, GUIDANCE_RULES, spec.kind.value, schema_pointer(index))
-        if tag.schema is False:
-            raise InvalidGrammar(f"guidance cannot compile structural_tag: the schema of structures[{index}] is "
-                                 "false (nothing matches)", param=spec.kind.value)
-        schema: dict[str, Any] = tag.schema if isinstance(tag.schema, dict) else {}
-        schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), **self._json_options(spec)}}
         trigger = parsed.trigger_of(tag)
         rest = tag.begin[len(trigger):]
         rules = []
@@ -178,10 +179,36 @@ class GuidanceBackend(GrammarBackend):
         else:  # one lexeme: text without a trigger, then the trigger (so the trigger ends the text)
             head = f"{name.upper()}_HEAD"
             rules.append(f"{head}: TAG_TEXT {_lark_literal(trigger)}")
-        body = [head, _lark_literal(rest) if rest else "", "%json " + json.dumps(schema, ensure_ascii=False),
-                _lark_literal(tag.end) if tag.end else ""]
+        content = self._json_rule(tag.schema, spec, schema_pointer(index), f"structures[{index}]")
+        body = [head, _lark_literal(rest) if rest else "", content, _lark_literal(tag.end) if tag.end else ""]
         rules.append(f"{name}: " + " ".join(x for x in body if x))
         return rules
+
+    def _json_rule(self, schema: dict[str, Any] | bool, spec: GrammarSpec, where: str, what: str) -> str:
+        """`%json {...}` for a structural tag's embedded schema at JSON pointer `where` (`what` names
+        it in errors), checked and with the spec's whitespace options. Raises InvalidGrammar for an
+        unenforced keyword or a `false` schema."""
+        check_keywords(schema, GUIDANCE_RULES, spec.kind.value, where)
+        if schema is False:
+            raise InvalidGrammar(f"guidance cannot compile structural_tag: the schema of {what} is "
+                                 "false (nothing matches)", param=spec.kind.value)
+        body: dict[str, Any] = schema if isinstance(schema, dict) else {}
+        body = {**body, "x-guidance": {**body.get("x-guidance", {}), **self._json_options(spec)}}
+        return "%json " + json.dumps(body, ensure_ascii=False)
+
+
+def _refuse_answer_like_calls(parsed: StructuralTagGrammar, spec: GrammarSpec) -> None:
+    """Raise InvalidGrammar when a call's `begin` starts with a character the answer's JSON may start
+    with: llguidance drops the `%json` answer once the literal begin matches the same text (llama3_json
+    calls `{"name": ...` beside an object answer), so it would refuse valid answers."""
+    if parsed.answer is None:
+        return
+    starts = json_start_chars(parsed.answer)
+    for index, tag in enumerate(parsed.tags):
+        if not tag.begin or tag.begin[0] in starts:
+            raise InvalidGrammar(
+                f"guidance cannot compile structural_tag: structures[{index}].begin {tag.begin!r} starts "
+                "like the JSON answer beside it, which llguidance cannot tell apart", param=spec.kind.value)
 
 
 class GuidanceMatcher(Matcher):
@@ -194,6 +221,7 @@ class GuidanceMatcher(Matcher):
     backend = "guidance"
 
     def __init__(self, matcher: Any, vocab_info: VocabInfo) -> None:
+        super().__init__(vocab_info)
         self.ll_matcher = matcher
         self._vocab_size = vocab_info.vocab_size
         self._eos_token_ids = frozenset(vocab_info.eos_token_ids)
@@ -226,13 +254,9 @@ class GuidanceMatcher(Matcher):
         self._num_tokens += len(ids)
         return True
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`)."""
-        check_bitmask(bitmask, row, self._vocab_size)
-        if self.only_eos_left():
-            allow_only(bitmask, row, self._eos_token_ids)
-        else:
-            llguidance.torch.fill_next_token_bitmask(self.ll_matcher, bitmask, row)
+    def _fill_next(self, bitmask: torch.Tensor, row: int) -> None:
+        """llguidance's fill of `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`, checked)."""
+        llguidance.torch.fill_next_token_bitmask(self.ll_matcher, bitmask, row)
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` tokens (EOS included). Raises ValueError beyond what was accepted."""
@@ -252,7 +276,8 @@ class GuidanceMatcher(Matcher):
 
     def only_eos_left(self) -> bool:
         """True when the bitmask must allow only EOS: terminated, or llguidance hit an internal limit
-        (its error state; logged) so that the sequence ends instead of sampling from an empty mask."""
+        (its error state; logged) so that the sequence ends instead of sampling from an empty mask
+        (`constrained.backend.fill_settled_row`)."""
         if self._terminated:
             return True
         if self.ll_matcher.is_error():

@@ -1,10 +1,12 @@
 """Structural tags: constrained `begin content end` segments (tool calls), with or without free text.
 
 Source format, as JSON text in `GrammarSpec.source` (xgrammar's legacy structural tag as vLLM sends
-it, plus keys that default to the legacy behaviour; toolparsers/structural.py writes it):
+it, plus keys that default to the legacy behaviour; `StructuralTagGrammar.spec` writes it, and
+`parse_structural_tag` reads it back into the same dataclasses):
 
     {"structures": [{"begin": str, "schema": <JSON schema>, "end": str, "style": "json" | "qwen_xml"}],
-     "triggers": [str], "forced": bool, "stop_after_first": bool, "separator": str}
+     "triggers": [str], "forced": bool, "stop_after_first": bool, "separator": str,
+     "answer": <JSON schema>}                                    ("answer" only when set)
 
 - `style` "json" (default): the content is JSON matching `schema`; "qwen_xml": the object's members
   as `<parameter=KEY>VALUE</parameter>` (xgrammar `JSONSchemaFormat(style="qwen_xml")`).
@@ -14,6 +16,8 @@ it, plus keys that default to the legacy behaviour; toolparsers/structural.py wr
 - `forced` true: no free text; one or more structures joined by exactly `separator` (default "");
   EOS only right after a complete structure. `triggers` may then be empty.
 - `stop_after_first` true: nothing may follow the first structure.
+- `answer` (needs `forced`): the output is either one JSON document matching this schema or the
+  forced structures, nothing else (constrained/compose.py builds it for tools + a JSON format).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from constrained.spec import GrammarKind, GrammarSpec
 
 _PARAM = GrammarKind.STRUCTURAL_TAG.value
 STYLES = ("json", "qwen_xml")
+ANSWER_POINTER = "#/answer"
+"""The JSON pointer of the answer schema in the source, used in error messages."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -45,17 +51,38 @@ class StructuralTag:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class StructuralTagGrammar:
-    """A parsed structural_tag source (see the module docstring for the meaning of each field)."""
+    """A structural tag as typed data (see the module docstring for the meaning of each field)."""
 
     tags: tuple[StructuralTag, ...]
     triggers: tuple[str, ...]
     forced: bool = False
     stop_after_first: bool = False
     separator: str = ""
+    answer: dict[str, Any] | bool | None = None
 
     def trigger_of(self, tag: StructuralTag) -> str:
         """The longest trigger that `tag.begin` starts with; "" when none does (forced tags only)."""
         return max((t for t in self.triggers if tag.begin.startswith(t)), key=len, default="")
+
+    def spec(self, backend: str | None = None, any_whitespace: bool = True,
+             additional_properties: bool = True) -> GrammarSpec:
+        """The structural_tag GrammarSpec of this grammar (source as compact JSON, the module's format).
+
+        Not validated here (walking every schema is ~90% of building a tool grammar, per request):
+        compiling checks it (parse_structural_tag, InvalidGrammar), once per distinct spec.
+        """
+        structures = [{"begin": t.begin, "schema": t.schema, "end": t.end, "style": t.style} for t in self.tags]
+        data: dict[str, Any] = {
+            "structures": structures,
+            "triggers": list(self.triggers),
+            "forced": self.forced,
+            "stop_after_first": self.stop_after_first,
+            "separator": self.separator,
+        }
+        if self.answer is not None:
+            data["answer"] = self.answer
+        source = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+        return GrammarSpec(GrammarKind.STRUCTURAL_TAG, source, backend, any_whitespace, additional_properties)
 
 
 def structural_tag_spec(
@@ -69,22 +96,12 @@ def structural_tag_spec(
     any_whitespace: bool = True,
     additional_properties: bool = True,
 ) -> GrammarSpec:
-    """Build the structural_tag GrammarSpec for `tags` and `triggers` (source as compact JSON).
+    """Build the structural_tag GrammarSpec for `tags` and `triggers` (`StructuralTagGrammar.spec`).
 
     Raises InvalidGrammar when the result would not parse (see parse_structural_tag).
     """
-    source = json.dumps(
-        {
-            "structures": [{"begin": t.begin, "schema": t.schema, "end": t.end, "style": t.style} for t in tags],
-            "triggers": list(triggers),
-            "forced": forced,
-            "stop_after_first": stop_after_first,
-            "separator": separator,
-        },
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    spec = GrammarSpec(GrammarKind.STRUCTURAL_TAG, source, backend, any_whitespace, additional_properties)
+    grammar = StructuralTagGrammar(tuple(tags), tuple(triggers), forced, stop_after_first, separator)
+    spec = grammar.spec(backend, any_whitespace, additional_properties)
     parse_structural_tag(spec)
     return spec
 
@@ -94,7 +111,7 @@ def parse_structural_tag(spec: GrammarSpec) -> StructuralTagGrammar:
 
     Raises InvalidGrammar (param="structural_tag") on invalid JSON, missing or mistyped fields, an
     unknown style, an empty trigger, no trigger without `forced`, a `begin` that starts with no
-    trigger, or a malformed schema (check_schema_shape).
+    trigger, an `answer` without `forced`, or a malformed schema (check_schema_shape).
     """
     data = parse_json(spec)
     if not isinstance(data, dict):
@@ -112,7 +129,14 @@ def parse_structural_tag(spec: GrammarSpec) -> StructuralTagGrammar:
     if not isinstance(structures, list) or not structures:
         raise InvalidGrammar("structural_tag needs a non-empty 'structures' list", param=_PARAM)
     tags = [_parse_structure(i, item, triggers, spec) for i, item in enumerate(structures)]
-    return StructuralTagGrammar(tuple(tags), tuple(triggers), forced, stop_after_first, separator)
+    answer = data.get("answer")
+    if answer is not None:
+        if not forced:
+            raise InvalidGrammar("structural_tag 'answer' needs 'forced': free text cannot stand beside "
+                                 "a JSON answer", param=_PARAM)
+        answer = prepare_schema(answer, spec.additional_properties, _PARAM)
+        check_schema_shape(answer, _PARAM, ANSWER_POINTER)
+    return StructuralTagGrammar(tuple(tags), tuple(triggers), forced, stop_after_first, separator, answer)
 
 
 def _parse_structure(i: int, item: Any, triggers: list[str], spec: GrammarSpec) -> StructuralTag:

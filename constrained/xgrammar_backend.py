@@ -12,14 +12,13 @@ import torch
 import xgrammar as xgr
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
-from constrained.bitmask import allow_only, check_bitmask
 from constrained.errors import InvalidGrammar
 from constrained.schema_keywords import check_keywords
 from constrained.regex_features import find_lookaround
 from constrained.schema_walk import iter_patterns
 from constrained.source import is_ebnf, load_choices, load_schema
 from constrained.spec import MAX_JSON_WHITESPACE, GrammarKind, GrammarSpec
-from constrained.structural_tag import StructuralTag, parse_structural_tag, schema_pointer
+from constrained.structural_tag import ANSWER_POINTER, StructuralTag, parse_structural_tag, schema_pointer
 from constrained.vocab import VocabInfo
 from constrained.xgrammar_keywords import XGRAMMAR_RULES
 
@@ -62,6 +61,13 @@ def _refuse_lookaround(schema: Any, spec: GrammarSpec, where: str) -> None:
                 f"xgrammar cannot compile {spec.kind.value}: {keyword} {json.dumps(regex, ensure_ascii=False)} at "
                 f"{pointer}: lookaround at offset {at} is not supported (xgrammar would drop the assertion)",
                 param=spec.kind.value)
+
+
+def _check_schema(schema: Any, spec: GrammarSpec, where: str) -> None:
+    """Refuse (InvalidGrammar) a schema at JSON pointer `where` with a keyword or regex feature
+    xgrammar would not enforce."""
+    check_keywords(schema, XGRAMMAR_RULES, spec.kind.value, where)
+    _refuse_lookaround(schema, spec, where)
 
 
 class XGrammarBackend(GrammarBackend):
@@ -114,23 +120,11 @@ class XGrammarBackend(GrammarBackend):
         self._check_compiled(compiled)
         return XGrammarMatcher(xgr.GrammarMatcher(compiled.artefact), self.vocab_info)
 
-    def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask: torch.Tensor) -> None:
-        """Fill rows for many XGrammarMatchers at once (xgrammar's threaded batch fill, GIL released).
-
-        `bitmask`: contiguous int32 CPU `[num_rows, ceil(vocab_size / 32)]`; raises ValueError otherwise.
-        """
-        live: list[Any] = []
-        rows: list[int] = []
-        for matcher, row in matchers:
-            assert isinstance(matcher, XGrammarMatcher)
-            check_bitmask(bitmask, row, self.vocab_info.vocab_size)
-            if matcher.is_terminated():
-                allow_only(bitmask, row, self.vocab_info.eos_token_ids)
-            else:
-                live.append(matcher.xgr_matcher)
-                rows.append(row)
-        if live:
-            self._batch.batch_fill_next_token_bitmask(live, bitmask, rows)
+    def _fill_live(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
+        """Fill the rows of live XGrammarMatchers at once (xgrammar's threaded batch fill, GIL released)."""
+        assert all(isinstance(matcher, XGrammarMatcher) for matcher, _ in matchers)
+        self._batch.batch_fill_next_token_bitmask([m.xgr_matcher for m, _ in matchers], bitmask,
+                                                  [row for _, row in matchers])
 
     def _json_options(self, spec: GrammarSpec) -> dict[str, Any]:
         options: dict[str, Any] = {"any_whitespace": spec.any_whitespace, "strict_mode": not spec.additional_properties}
@@ -149,8 +143,7 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile_json(self, spec: GrammarSpec) -> Any:
         schema = load_schema(spec)
-        check_keywords(schema, XGRAMMAR_RULES, spec.kind.value)
-        _refuse_lookaround(schema, spec, "#")
+        _check_schema(schema, spec, "#")
         text = json.dumps(schema, ensure_ascii=False)
         return self._with_pattern_detail(lambda: self._compiler.compile_json_schema(text, **self._json_options(spec)),
                                          schema, spec, "#")
@@ -181,13 +174,17 @@ class XGrammarBackend(GrammarBackend):
         return self._compiler.compile_lark(spec.source)
 
     def _compile_structural_tag(self, spec: GrammarSpec) -> Any:
-        """Forced: xgrammar `tags_with_separator` (at least one); otherwise `triggered_tags`."""
+        """Forced: xgrammar `tags_with_separator` (at least one), or with an answer `or` of the
+        answer's JSON and those calls; otherwise `triggered_tags`."""
         parsed = parse_structural_tag(spec)
         tags = [self._tag(i, tag, spec) for i, tag in enumerate(parsed.tags)]
         fmt: dict[str, Any]
         if parsed.forced:
             fmt = {"type": "tags_with_separator", "tags": tags, "separator": parsed.separator,
                    "at_least_one": True, "stop_after_first": parsed.stop_after_first}
+            if parsed.answer is not None:
+                answer = self._json_content(parsed.answer, spec, ANSWER_POINTER)
+                fmt = {"type": "or", "elements": [answer, fmt]}
         else:
             fmt = {"type": "triggered_tags", "triggers": list(parsed.triggers), "tags": tags,
                    "at_least_one": False, "stop_after_first": parsed.stop_after_first}
@@ -195,16 +192,19 @@ class XGrammarBackend(GrammarBackend):
         return self._compiler.compile_structural_tag(json.dumps(structural_tag, ensure_ascii=False))
 
     def _tag(self, index: int, tag: StructuralTag, spec: GrammarSpec) -> dict[str, Any]:
-        where = schema_pointer(index)
-        check_keywords(tag.schema, XGRAMMAR_RULES, spec.kind.value, where)
-        _refuse_lookaround(tag.schema, spec, where)
         content: dict[str, Any]
         if tag.style == "json":
-            # Through EBNF so any_whitespace / additional_properties hold inside tags too.
-            content = {"type": "grammar", "grammar": str(self._schema_grammar(tag.schema, spec, where))}
+            content = self._json_content(tag.schema, spec, schema_pointer(index))
         else:
+            _check_schema(tag.schema, spec, schema_pointer(index))
             content = {"type": "json_schema", "json_schema": tag.schema, "style": tag.style}
         return {"type": "tag", "begin": tag.begin, "end": tag.end, "content": content}
+
+    def _json_content(self, schema: Any, spec: GrammarSpec, where: str) -> dict[str, Any]:
+        """A structural-tag format for JSON matching `schema` (at JSON pointer `where` in the source),
+        through EBNF so that any_whitespace / additional_properties hold there too."""
+        _check_schema(schema, spec, where)
+        return {"type": "grammar", "grammar": str(self._schema_grammar(schema, spec, where))}
 
 
 class XGrammarMatcher(Matcher):
@@ -213,9 +213,9 @@ class XGrammarMatcher(Matcher):
     backend = "xgrammar"
 
     def __init__(self, matcher: Any, vocab_info: VocabInfo) -> None:
+        super().__init__(vocab_info)
         self.xgr_matcher = matcher
         self._vocab_size = vocab_info.vocab_size
-        self._eos_token_ids = vocab_info.eos_token_ids
         self._num_tokens = 0
 
     def accept(self, token_ids: Sequence[int]) -> bool:
@@ -228,13 +228,9 @@ class XGrammarMatcher(Matcher):
         self._num_tokens += len(token_ids)
         return True
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`)."""
-        check_bitmask(bitmask, row, self._vocab_size)
-        if self.xgr_matcher.is_terminated():
-            allow_only(bitmask, row, self._eos_token_ids)
-        else:
-            self.xgr_matcher.fill_next_token_bitmask(bitmask, row)
+    def _fill_next(self, bitmask: torch.Tensor, row: int) -> None:
+        """xgrammar's fill of `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`, checked)."""
+        self.xgr_matcher.fill_next_token_bitmask(bitmask, row)
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` tokens. Raises ValueError beyond what was accepted."""

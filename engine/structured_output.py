@@ -17,7 +17,6 @@ from constrained import (
     GrammarSpec,
     VocabInfo,
     allocate_bitmask,
-    fill_all_ones,
 )
 from constrained.closing import GrammarCloser
 from engine.histogram import BucketHistogram
@@ -118,8 +117,8 @@ class StructuredOutputManager:
         The future's result is a view int32 [len(seqs), ceil(vocab_size / 32)] of the shared buffer,
         valid until the next call.
         """
-        pairs = [(seq.matcher, row) for row, seq in enumerate(seqs) if seq.matcher is not None]
-        if not pairs:
+        rows = [(seq.matcher, row) for row, seq in enumerate(seqs)]
+        if all(matcher is None for matcher, _ in rows):
             return None
         num_rows = len(seqs)
         if num_rows > self.bitmask.shape[0]:
@@ -127,9 +126,7 @@ class StructuredOutputManager:
         bitmask = self.bitmask[:num_rows]
 
         def fill() -> torch.Tensor:
-            constrained_rows = {row for _, row in pairs}
-            fill_all_ones(bitmask, [r for r in range(num_rows) if r not in constrained_rows])
-            self.compiler.fill_bitmasks(pairs, bitmask)
+            self.compiler.fill_bitmasks(rows, bitmask)   # rows without a matcher: all allowed
             return bitmask
 
         return self._filler.submit(fill)

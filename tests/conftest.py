@@ -96,6 +96,46 @@ def smollm2_hf_model():
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
 
+SMOLLM2_VOCAB_SIZE = 49152
+GRAMMAR_BACKEND_NAMES = ("xgrammar", "guidance")
+
+
+@pytest.fixture(scope="session")
+def grammar_backends(smollm2_tokenizer):
+    """One real grammar backend per registry name over SmolLM2's vocabulary (49152 logits, eos 2),
+    built once per session (each reads the whole vocabulary, ~1 s)."""
+    from constrained import VocabInfo, get_grammar_backend
+
+    vocab_info = VocabInfo.from_huggingface(smollm2_tokenizer, vocab_size=SMOLLM2_VOCAB_SIZE)
+    return {name: get_grammar_backend(name)(vocab_info) for name in GRAMMAR_BACKEND_NAMES}
+
+
+@pytest.fixture(scope="session")
+def grammar_accepts(grammar_backends, smollm2_tokenizer) -> Callable[..., bool]:
+    """grammar_accepts(spec, text, backend): True when that backend, with `spec` compiled on it
+    (its own backend choice overridden), takes every SmolLM2 token of `text` one at a time and then
+    EOS, ending terminated. Compiles are cached per (spec, backend) for the session."""
+    import dataclasses
+
+    from constrained import GrammarSpec
+
+    compiled: dict[tuple[GrammarSpec, str], Any] = {}
+
+    def accepts(spec: GrammarSpec, text: str, backend: str) -> bool:
+        grammar_backend = grammar_backends[backend]
+        key = (spec, backend)
+        if key not in compiled:
+            compiled[key] = grammar_backend.compile(dataclasses.replace(spec, backend=backend))
+        matcher = grammar_backend.new_matcher(compiled[key])
+        eos = grammar_backend.vocab_info.eos_token_ids[0]
+        for token_id in [*smollm2_tokenizer.encode(text, add_special_tokens=False), eos]:
+            if not matcher.accept([token_id]):
+                return False
+        return matcher.is_terminated()
+
+    return accepts
+
+
 @pytest.fixture
 def one_torch_thread():
     """Run the test on one torch thread: tiny matmuls are far slower on two contended threads."""

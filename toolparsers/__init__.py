@@ -1,7 +1,9 @@
 """Tool-call parsers, one module per model family's call format (vLLM's `--tool-call-parser` names).
 
-Each parser parses whole outputs, streams tool-call deltas, and renders the `GrammarSpec` that forces
-or guides calls in its own format. Pure: strings and small dataclasses in and out, no model.
+Each parser declares its `call_format` (begin / end / trigger of one call), parses whole outputs,
+streams tool-call deltas, and renders the `GrammarSpec` that forces or guides calls in its own format
+(toolparsers/tool_grammar.py, one function for every format of JSON between tags). Pure: strings and
+small dataclasses in and out, no model.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from toolparsers.base import (
+    CallFormat,
     ParseResult,
     ToolCall,
     ToolCallDelta,
@@ -50,6 +53,7 @@ def get_tool_parser(name: str) -> type[ToolParser]:
 
 __all__ = [
     "TOOL_PARSERS",
+    "CallFormat",
     "InvalidToolChoice",
     "ParseResult",
     "ToolCall",

@@ -18,36 +18,20 @@ import secrets
 import string
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import ClassVar
 
 from constrained.spec import GrammarSpec
 from toolparsers.brackets import Memo
+from toolparsers.call_format import CallFormat
+from toolparsers.tool_grammar import tool_grammar
+from toolparsers.tool_spec import ToolChoice, ToolSpec
 
 _ID_ALPHABET = string.ascii_letters + string.digits
-
-ToolChoice = Literal["none", "auto", "required"] | dict[str, Any]
 
 
 def new_call_id() -> str:
     """A fresh OpenAI-style tool-call id: "call_" + 24 random alphanumerics from `secrets`."""
     return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """One function tool of a request (OpenAI `tools[].function`).
-
-    `parameters` is the JSON schema of the arguments object; `strict` is the client's `strict` flag
-    (the grammar constrains calls to the schema whether or not it is set). A tool without
-    parameters takes none (OpenAI: "omitting parameters defines a function with an empty
-    parameter list"), so the default schema admits only `{}`.
-    """
-
-    name: str
-    description: str = ""
-    parameters: dict[str, Any] = field(
-        default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": False})
-    strict: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +138,11 @@ class ToolParser(ABC):
 
     An instance is the streaming state of one response: create one per choice. `tools` (optional)
     lets a parser convert argument values by the parameter schemas (qwen3_coder); the others ignore it.
+    `call_format`: how the format writes one call (begin / end / trigger, SGLang's StructureInfo).
     """
 
     name: ClassVar[str]
+    call_format: ClassVar[CallFormat]
     # Characters dropped from the content right after a call (llama3_json adds ";").
     strip_after_call: ClassVar[str] = string.whitespace
 
@@ -178,15 +164,18 @@ class ToolParser(ABC):
         consumed position is a top-level position where scanning may restart.
         """
 
-    @abstractmethod
     def grammar_for(
         self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
     ) -> GrammarSpec | None:
         """The constraint for this format: None for "none" (or auto without tools), a forced call for
-        "required"/named, free text plus triggered calls for "auto".
+        "required"/named, free text plus triggered calls for "auto" (a structural_tag spec built by
+        `toolparsers.tool_grammar.tool_grammar` from `call_format`; formats whose calls are not one
+        tagged object per tool override this).
 
         Raises UnknownTool for a named choice outside `tools`, InvalidToolChoice for a bad value.
         """
+        grammar = tool_grammar(self.call_format, tools, tool_choice, parallel_tool_calls)
+        return None if grammar is None else grammar.spec()
 
     def parse(self, text: str, cut: bool = False) -> ParseResult:
         """Parse a whole output into content and tool calls; never raises on malformed calls.

@@ -13,12 +13,9 @@ complete.
 
 from __future__ import annotations
 
-import json
-
-from constrained.spec import GrammarSpec
-from toolparsers.base import Call, Segment, ToolChoice, ToolParser, ToolSpec
+from toolparsers.base import Call, Segment, ToolParser
+from toolparsers.call_format import NAME_JSON, CallFormat
 from toolparsers.scanning import call_from_members, json_block_end, json_members, scan_tagged
-from toolparsers.structural import tagged_call_grammar
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -28,23 +25,14 @@ class HermesParser(ToolParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (vLLM name: hermes)."""
 
     name = "hermes"
+    # The grammar writes `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, joined by "\n".
+    call_format = CallFormat(f'{START}\n{{"name": {NAME_JSON}, "arguments": ', "}\n" + END, START, "\n")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         def find_end(text: str, pos: int) -> int | None:
             return json_block_end(text, pos, END, self._memo)
 
         return scan_tagged(text, final, START, END, _parse_block, find_end)
-
-    def grammar_for(
-        self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
-    ) -> GrammarSpec | None:
-        """Structural tag: per tool, begin `<tool_call>\\n{"name": "NAME", "arguments": `, the tool's
-        parameter schema, end `}\\n</tool_call>`; trigger `<tool_call>`; forced calls joined by "\\n"."""
-        return tagged_call_grammar(tools, tool_choice, parallel_tool_calls, _begin_end, START, "\n")
-
-
-def _begin_end(name: str) -> tuple[str, str]:
-    return f'{START}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": ', "}\n" + END
 
 
 def _parse_block(inner: str) -> list[Call] | None:

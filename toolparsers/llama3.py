@@ -12,15 +12,13 @@ separator and dropped too.
 
 from __future__ import annotations
 
-import json
 import string
 from typing import Literal
 
-from constrained.spec import GrammarSpec
-from toolparsers.base import Segment, Text, ToolChoice, ToolParser, ToolSpec
+from toolparsers.base import Segment, Text, ToolParser
 from toolparsers.brackets import find_closing
+from toolparsers.call_format import NAME_JSON, CallFormat
 from toolparsers.scanning import call_from_members, json_members, partial_marker_len, skip_ws
-from toolparsers.structural import tagged_call_grammar
 
 PYTHON_TAG = "<|python_tag|>"
 TRIGGER = '{"name": '
@@ -34,6 +32,8 @@ class Llama3JsonParser(ToolParser):
 
     name = "llama3_json"
     strip_after_call = string.whitespace + ";"
+    # The grammar writes `{"name": "NAME", "parameters": ARGS}`, calls joined by "; ".
+    call_format = CallFormat(f'{TRIGGER}{NAME_JSON}, "parameters": ', "}", TRIGGER, "; ")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         segments: list[Segment] = []
@@ -59,17 +59,6 @@ class Llama3JsonParser(ToolParser):
             call = call_from_members(json_members(text[start:end]), ("parameters", "arguments"))
             segments.append(call if call is not None else Text(text[start:end]))
             pos = end
-
-    def grammar_for(
-        self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
-    ) -> GrammarSpec | None:
-        """Structural tag: per tool, begin `{"name": "NAME", "parameters": `, the parameter schema, end
-        `}`; trigger `{"name": `; forced calls joined by "; "."""
-        return tagged_call_grammar(tools, tool_choice, parallel_tool_calls, _begin_end, TRIGGER, "; ")
-
-
-def _begin_end(name: str) -> tuple[str, str]:
-    return f'{{"name": {json.dumps(name, ensure_ascii=False)}, "parameters": ', "}"
 
 
 def _next_start(text: str, pos: int, final: bool) -> tuple[int, str]:

@@ -14,9 +14,12 @@ import json
 import re
 from typing import Any
 
+from constrained.compose import tool_calls_grammar
 from constrained.spec import GrammarSpec
+from constrained.structural_tag import StructuralTag
 from toolparsers.base import Call, Segment, Text, ToolChoice, ToolParser, ToolSpec
 from toolparsers.brackets import Memo, find_closing
+from toolparsers.call_format import NAME, CallFormat
 from toolparsers.scanning import (
     arguments_text,
     call_from_members,
@@ -25,7 +28,7 @@ from toolparsers.scanning import (
     partial_marker_len,
     skip_ws,
 )
-from toolparsers.structural import arguments_schema, resolve_tool_choice, structural_tag_spec, structure
+from toolparsers.tool_grammar import arguments_schema, resolve_tool_choice, single_call
 
 MARKER = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
@@ -39,6 +42,8 @@ class MistralParser(ToolParser):
     """`[TOOL_CALLS]` followed by a JSON list of calls or by `name[ARGS]{...}` (vLLM name: mistral)."""
 
     name = "mistral"
+    # One call as the v11+ tokenizers write it; the grammar (grammar_for) writes the v3 list instead.
+    call_format = CallFormat(f"{MARKER}{NAME}{ARGS}", "", MARKER, "")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         segments: list[Segment] = []
@@ -65,12 +70,13 @@ class MistralParser(ToolParser):
         self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
     ) -> GrammarSpec | None:
         """Structural tag with one structure: begin `[TOOL_CALLS]`, a JSON array (1 item when not
-        parallel or named) of `{"name": <enum of one tool>, "arguments": <its schema>}`, end ""."""
+        parallel or named) of `{"name": <enum of one tool>, "arguments": <its schema>}`, end "".
+        Forced: that one list; auto: free text with lists wherever `[TOOL_CALLS]` appears."""
         allowed, forced = resolve_tool_choice(tools, tool_choice)
         if not allowed:
             return None
         items = [_item_schema(tool) for tool in allowed]
-        single = isinstance(tool_choice, dict) or not parallel_tool_calls
+        single = single_call(tool_choice, parallel_tool_calls)
         array: dict[str, Any] = {
             "type": "array",
             "items": items[0] if len(items) == 1 else {"anyOf": items},
@@ -78,9 +84,10 @@ class MistralParser(ToolParser):
         }
         if single:
             array["maxItems"] = 1
-        return structural_tag_spec(
-            [structure(MARKER, array, "")], [MARKER], forced, stop_after_first=forced or single, separator=""
-        )
+        # A forced output is one list, however many calls it holds.
+        grammar = tool_calls_grammar([StructuralTag(MARKER, array, "")], MARKER, "", forced=forced,
+                                     single=forced or single)
+        return grammar.spec()
 
 
 def _item_schema(tool: ToolSpec) -> dict[str, Any]:

@@ -20,10 +20,11 @@ from typing import Literal
 from constrained.spec import GrammarSpec
 from toolparsers.base import Call, Segment, Text, ToolChoice, ToolParser, ToolSpec
 from toolparsers.brackets import find_closing
+from toolparsers.call_format import NAME, CallFormat
 from toolparsers.errors import UnsupportedTool
 from toolparsers.pythonic_grammar import pythonic_grammar
 from toolparsers.scanning import partial_marker_len, skip_ws
-from toolparsers.structural import resolve_tool_choice
+from toolparsers.tool_grammar import resolve_tool_choice, single_call
 
 MARKERS = ["<|python_start|>", "<|python_end|>"]
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -35,6 +36,9 @@ class PythonicParser(ToolParser):
     """`[f(a=1), g()]` call lists parsed with `ast` (vLLM name: pythonic)."""
 
     name = "pythonic"
+    # A call alone is `[NAME(kw=literal, ...)]`; several share one list, joined by ", " inside it.
+    # The arguments are Python keyword literals, not JSON, so grammar_for writes xgrammar EBNF.
+    call_format = CallFormat(f"[{NAME}(", ")]", "[", ", ")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         segments: list[Segment] = []
@@ -79,8 +83,7 @@ class PythonicParser(ToolParser):
                     "cannot express it",
                     param="tools",
                 )
-        single = isinstance(tool_choice, dict) or not parallel_tool_calls
-        return pythonic_grammar(allowed, forced=forced, single=single)
+        return pythonic_grammar(allowed, forced=forced, single=single_call(tool_choice, parallel_tool_calls))
 
 
 def _next_start(text: str, pos: int, final: bool) -> tuple[int, str]:

@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 from constrained.spec import GrammarKind, GrammarSpec
-from toolparsers.base import ToolSpec
-from toolparsers.structural import arguments_schema
+from toolparsers.tool_grammar import arguments_schema
+from toolparsers.tool_spec import ToolSpec
 
 _BASE_RULES = r"""py_value ::= py_string | py_number | py_bool | py_none | py_list | py_dict
 py_string ::= "\"" py_char* "\""

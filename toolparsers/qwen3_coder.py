@@ -23,10 +23,9 @@ import json
 import re
 from typing import Any
 
-from constrained.spec import GrammarSpec
-from toolparsers.base import Call, Segment, ToolChoice, ToolParser, ToolSpec
+from toolparsers.base import Call, Segment, ToolParser
+from toolparsers.call_format import NAME, CallFormat
 from toolparsers.scanning import scan_tagged
-from toolparsers.structural import tagged_call_grammar
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -40,18 +39,13 @@ class Qwen3CoderParser(ToolParser):
     """`<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>` (qwen3_coder)."""
 
     name = "qwen3_coder"
+    # The grammar writes `<tool_call>\n<function=NAME>\n` + the arguments as `<parameter=KEY>VALUE
+    # </parameter>` members (style "qwen_xml", xgrammar only) + `\n</function>\n</tool_call>`.
+    call_format = CallFormat(f"{START}\n<function={NAME}>\n", f"\n</function>\n{END}", START,
+                             separator="\n", style="qwen_xml")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         return scan_tagged(text, final, START, END, self._parse_block, _find_end)
-
-    def grammar_for(
-        self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
-    ) -> GrammarSpec | None:
-        """Structural tag with style "qwen_xml": per tool, begin `<tool_call>\\n<function=NAME>\\n`, the
-        parameters as XML members, end `\\n</function>\\n</tool_call>`; trigger `<tool_call>`."""
-        return tagged_call_grammar(
-            tools, tool_choice, parallel_tool_calls, _begin_end, START, "\n", style="qwen_xml"
-        )
 
     def _parse_block(self, inner: str) -> list[Call] | None:
         match = _FUNCTION.fullmatch(inner)
@@ -96,10 +90,6 @@ def _find_end(text: str, pos: int) -> int:
         if value_end < 0:
             return -1
         pos = value_end + len(PARAM_END)
-
-
-def _begin_end(name: str) -> tuple[str, str]:
-    return f"{START}\n<function={name}>\n", f"\n</function>\n{END}"
 
 
 def _strip_newline(value: str) -> str:

@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import llguidance
 import pytest
 from api_support import FakeEngine, chat_body
 
@@ -148,11 +147,6 @@ async def test_tools_rendered_unless_tool_choice_none(client: httpx.AsyncClient,
         ({"tools": TOOLS, "structured_outputs": {"regex": "a"}}, "structured_outputs", None),
         ({"tools": TOOLS, "structured_outputs": {"choice": ["a"]}}, "structured_outputs", None),
         (
-            {"tools": TOOLS, "response_format": JSON_FORMAT, "structured_outputs": {"backend": "xgrammar"}},
-            "structured_outputs.backend",
-            None,
-        ),
-        (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}]},
             "tools[0].function.parameters",
             None,
@@ -189,14 +183,22 @@ async def test_unknown_named_tool_message_lists_tools(client: httpx.AsyncClient)
     )
 
 
+HERMES_TIME = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+HERMES_WEATHER = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("backend", ["guidance", "xgrammar"])
 async def test_auto_with_json_format_allows_answer_or_calls(
-    client: httpx.AsyncClient, engine: FakeEngine
+    client: httpx.AsyncClient, engine: FakeEngine, grammar_accepts, backend: str
 ) -> None:
+    """The grammar the engine gets, compiled on each backend: the JSON answer or the calls, nothing else."""
     spec = (await sent(client, engine, tools=TOOLS, response_format=JSON_FORMAT)).grammar_spec
-    assert spec.kind == GrammarKind.GRAMMAR and spec.backend == "guidance"
-    assert spec.source.startswith("start: answer | calls\n")
-    assert '"<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": "' in spec.source
-    assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", spec.source)) == ""
+    assert spec.backend is None  # the server's default order picks the backend
+    for text in ('{"answer": "sunny"}', HERMES_TIME, HERMES_WEATHER, HERMES_TIME + "\n" + HERMES_WEATHER):
+        assert grammar_accepts(spec, text, backend), text
+    for text in ("It is sunny.", '{"answer": 1}', "Let me check. " + HERMES_TIME, '{"answer": "sunny"}' + HERMES_TIME,
+                 HERMES_WEATHER.replace('"Oslo"', '"Oslo", "extra": 1')):   # arguments stay closed
+        assert not grammar_accepts(spec, text, backend), text
     one = (
         await sent(
             client,
@@ -206,8 +208,17 @@ async def test_auto_with_json_format_allows_answer_or_calls(
             structured_outputs={"json_object": True, "disable_any_whitespace": True},
         )
     ).grammar_spec
-    assert "calls: call\n" in one.source and '"whitespace_flexible": false' in one.source
-    assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", one.source)) == ""
+    assert grammar_accepts(one, '{"any":["json"]}', backend) and grammar_accepts(one, HERMES_TIME, backend)
+    assert not grammar_accepts(one, '{"any": ["json"]}', backend)   # disable_any_whitespace
+    assert not grammar_accepts(one, HERMES_TIME + "\n" + HERMES_TIME, backend)   # one call only
+
+
+async def test_auto_with_json_format_takes_the_requested_backend(client: httpx.AsyncClient, engine: FakeEngine,
+                                                                 grammar_accepts) -> None:
+    fields = {"tools": TOOLS, "response_format": JSON_FORMAT, "structured_outputs": {"backend": "xgrammar"}}
+    spec = (await sent(client, engine, **fields)).grammar_spec
+    assert spec.backend == "xgrammar"
+    assert grammar_accepts(spec, HERMES_TIME, "xgrammar") and not grammar_accepts(spec, "It is sunny.", "xgrammar")
 
 
 async def test_auto_with_json_format_in_a_format_without_json_tags_is_refused(engine: FakeEngine) -> None:

