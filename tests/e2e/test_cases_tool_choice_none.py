@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from api.config import ServerConfig
 from tests.e2e.cases_support import Jobs, case_body, chat_url, post, responses_url, sdk_stream
+from toolparsers import ToolSpec, get_tool_parser
 
 pytestmark = pytest.mark.slow
 
@@ -61,8 +63,6 @@ def batch_jobs(server) -> Jobs:
         "028n/forced_whole": lambda: post(chat, forced),
         "028n/forced_stream": lambda: sdk_stream(client, **body, extra_body=regex),
         "028n/forced_n2": lambda: sdk_stream(client, **{**body, "n": 2, "temperature": 1.0}, extra_body=regex),
-        "028n/forced_auto": lambda: post(chat, {**body, "tool_choice": "auto", "messages": [
-            {"role": "user", "content": f"Repeat exactly, and write nothing else: {CALL_TEXT}"}]}),
         "028n/history": lambda: post(chat, history),
         "028n/responses_stream": lambda: _sdk_events(client, _responses_body()),
     }
@@ -101,8 +101,8 @@ def test_case028_tool_choice_none_never_calls(batch):
 
 def test_case028_neighbours_call_shaped_text_stays_content(batch):
     """Output forced to be a whole Hermes call block under "none" comes back as that text, whole,
-    streamed and for every choice of n=2; the same block written under "auto" is a call (so the
-    parser would have taken it)."""
+    streamed and for every choice of n=2; the served tool parser reads that block as a call (so a
+    parser left running under "none" would have taken it)."""
     whole = batch["028n/forced_whole"]
     assert whole.status_code == 200, whole.text
     choice = whole.json()["choices"][0]
@@ -114,10 +114,8 @@ def test_case028_neighbours_call_shaped_text_stays_content(batch):
     n2 = batch["028n/forced_n2"]
     assert n2["calls"] == {0: [], 1: []} and n2["content"] == {0: CALL_TEXT, 1: CALL_TEXT}, n2
     assert n2["finish"] == {0: ["stop"], 1: ["stop"]}, n2["finish"]
-    auto = batch["028n/forced_auto"]
-    assert auto.status_code == 200, auto.text
-    calls = auto.json()["choices"][0]["message"].get("tool_calls") or []
-    assert [c["function"]["name"] for c in calls] == ["get_time"], auto.json()
+    parser = get_tool_parser(ServerConfig().tool_call_parser)([ToolSpec(name="get_time")])
+    assert [c.name for c in parser.parse(CALL_TEXT).tool_calls] == ["get_time"], "CALL_TEXT is no call"
 
 
 def test_case028_neighbours_history_and_responses_stream(batch):
