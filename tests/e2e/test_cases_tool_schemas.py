@@ -23,6 +23,7 @@ from tests.e2e.cases_support import (
     Sse,
     case_body,
     chat_url,
+    error_problems,
     parse_sse,
     parsed_arguments,
     post,
@@ -162,3 +163,23 @@ def test_case043_neighbours_structure_and_other_choices(batch):
     check = validator(glob_tool(GLOB_DESCRIPTION)["function"]["parameters"])
     assert calls and all(c["name"] == "glob" and not list(check.iter_errors(json.loads(c["arguments"])))
                          for c in calls), calls
+
+
+def test_case043_neighbours_malformed_schema_structure_is_400(server):
+    """A `$ref` whose list index is a non-ASCII digit ('²', which str.isdigit() accepts and int()
+    refuses), in a tool's parameters and in a response_format schema, on chat and Responses: a 400
+    naming the schema's field, never a 500."""
+    schema = {"type": "object", "properties": {"pattern": {"$ref": "#/allOf/²"}}, "allOf": [{"type": "string"}]}
+    tool = {"type": "function", "function": {"name": "glob", "parameters": schema}}
+    chat = {"model": "default", "max_tokens": 8, "messages": [{"role": "user", "content": GLOB_PROMPT}]}
+    checks = [
+        (chat_url(server), {**chat, "tools": [tool], "tool_choice": "required"}, "tools[0].function.parameters"),
+        (chat_url(server), {**chat, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "s", "schema": schema}}}, "response_format"),
+        (responses_url(server), {"model": "default", "input": GLOB_PROMPT, "max_output_tokens": 8,
+                                 "tools": [{"type": "function", **tool["function"]}], "tool_choice": "required"},
+         "tools[0].parameters"),
+    ]
+    for url, body, param in checks:
+        resp = post(url, body)
+        assert not error_problems(resp, 400, param), (param, error_problems(resp, 400, param))
