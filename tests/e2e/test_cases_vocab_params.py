@@ -94,6 +94,9 @@ def _refused(server) -> list[tuple[str, dict[str, Any], str, str | None]]:
         checks += [(url, {**b, "logit_bias": bias}, "logit_bias", None) for url, b in ((chat, base), (cmpl, cbase))]
     for ids in ([vocab], [-1], [2, 99999], [10**30]):
         checks += [(url, {**b, "stop_token_ids": ids}, "stop_token_ids", None) for url, b in ((chat, base), (cmpl, cbase))]
+    # vLLM's allowed_token_ids and bad_words are not served: refused as unknown fields, never sampled
+    for name, value in (("allowed_token_ids", [99999]), ("bad_words", ["x"])):
+        checks += [(url, {**b, name: value}, name, None) for url, b in ((chat, base), (cmpl, cbase))]
     for prompt, param in (([vocab], "prompt"), ([-1, 5], "prompt"), ([[1, 2], [99999, 5]], "prompt")):
         checks.append((cmpl, {**cbase, "prompt": prompt}, param, None))
     checks += [(chat, {**base, "logprobs": True, "top_logprobs": 21}, "top_logprobs", None),
