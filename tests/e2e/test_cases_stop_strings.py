@@ -121,10 +121,27 @@ def _responses_job(server) -> dict[str, Any]:
     return {"text": text, "stop1": stop1, "results": results}
 
 
+def _unicode_job(server, prompt: str) -> dict[str, Any]:
+    """A prompt whose greedy continuation is non-ASCII (characters of several byte tokens): the
+    reference T, then stop [S] (two characters a third into T) and [T[-3:] + NEVER], whole and
+    streamed."""
+    client = server.client()
+    body = {"model": "default", "prompt": prompt, "temperature": 0, "max_tokens": 16}
+    text = post(completions_url(server), body).json()["choices"][0]["text"]
+    stop1 = text[len(text) // 3: len(text) // 3 + 2]
+    results = {}
+    for name, stop in {"s1": [stop1], "s2": [text[-3:] + NEVER]}.items():
+        whole = post(completions_url(server), {**body, "stop": stop}).json()["choices"][0]
+        results[name] = ((whole["text"], whole["finish_reason"]), _completions_stream(client, {**body, "stop": stop}))
+    return {"text": text, "stop1": stop1, "results": results}
+
+
 def batch_jobs(server) -> Jobs:
     """This file's requests for the shared `batch`."""
     return {"033/completions": lambda: _completions_job(server), "033/chat": lambda: _chat_job(server),
-            "033n/responses": lambda: _responses_job(server)}
+            "033n/responses": lambda: _responses_job(server),
+            "033n/japanese": lambda: _unicode_job(server, "日本の首都は"),
+            "033n/chinese": lambda: _unicode_job(server, "中文：你好，今天")}
 
 
 def check_case(result: dict[str, Any], text_key: str) -> None:
@@ -162,3 +179,18 @@ def test_case033_neighbours_responses_stop(batch):
     text, stop1 = result["text"], result["stop1"]
     assert result["results"]["s1"] == (text[: text.index(stop1)],) * 2, result
     assert result["results"]["s2"] == (text, text), result
+
+
+@pytest.mark.parametrize("name", ["033n/japanese", "033n/chinese"])
+def test_case033_neighbours_multibyte_text(batch, name):
+    """Stops inside text made of multi-byte characters: S cuts before its start (finish stop) and
+    the stream never sends a partial character (U+FFFD) before it; T[-3:] + NEVER keeps all of T,
+    as the unstopped request returned it."""
+    result = batch[name]
+    text, stop1 = result["text"], result["stop1"]
+    cut = text[: text.index(stop1)]
+    (whole, finish), (streamed, finishes) = result["results"]["s1"]
+    assert (whole, finish) == (cut, "stop") and (streamed, finishes) == (cut, ["stop"]), (text, stop1, result)
+    assert "\ufffd" not in streamed, streamed
+    (whole, finish), (streamed, finishes) = result["results"]["s2"]
+    assert whole == streamed == text and finishes == [finish], (text, result)
