@@ -11,7 +11,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.cases_support import HELLO, case_body, chat_url, error_problems, parallel, post, responses_url
+from tests.e2e.cases_support import (
+    HELLO,
+    case_body,
+    chat_url,
+    counters,
+    error_problems,
+    parallel,
+    post,
+    responses_url,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -69,15 +79,18 @@ def _problems(resp: httpx.Response, prefixes: tuple[str, ...], mention: str | No
 
 def test_case030_unsatisfiable_tool_choice_is_400_before_generation(server):
     """Every refused body, whole and with stream true, on chat and Responses: an HTTP 400 error
-    object (JSON, not an SSE stream), param at tool_choice or tools; a plain chat request after
-    them is a 200."""
+    object (JSON, not an SSE stream), param at tool_choice or tools, and no token reaches the
+    engine (its counters do not move); a plain chat request after them is a 200."""
     checks = [(chat_url(server), body, p, m) for body, p, m in _unsatisfiable_chat()]
     checks += [(responses_url(server), body, p, m) for body, p, m in _unsatisfiable_responses()]
     checks += [(url, {**body, "stream": True}, p, m) for url, body, p, m in checks]
+    wait_idle(server.url)
+    before = counters(server.url)
     answers = parallel(*[lambda c=c: post(c[0], c[1]) for c in checks])
     failures = {f"{url.rsplit('/v1', 1)[1]} {body}": problems for (url, body, prefixes, mention), answer
                 in zip(checks, answers, strict=True) if (problems := _problems(answer, prefixes, mention))}
     assert not failures, failures
+    assert counters(server.url) == before, "a refused request reached the engine"
     plain = post(chat_url(server), {"model": "default", "messages": HELLO, "max_tokens": 4})
     assert plain.status_code == 200, plain.text
 

@@ -23,11 +23,13 @@ from tests.e2e.cases_support import (
     case_body,
     chat_url,
     completions_url,
+    counters,
     error_problems,
     log_problems,
     parallel,
     post,
     responses_url,
+    wait_idle,
 )
 
 pytestmark = pytest.mark.slow
@@ -111,18 +113,22 @@ def _refused(server) -> list[tuple[str, dict[str, Any], str, str | None]]:
 
 def test_case036_out_of_vocab_ids_are_400_and_the_engine_lives(server):
     """The case's body and its neighbours, whole and with stream true (an HTTP 400, not an SSE
-    stream): 400 with param at the field; /detokenize of ids outside the vocabulary too; a plain
-    request afterwards is a 200 and the server logged no failure."""
+    stream): 400 with param at the field; /detokenize of ids outside the vocabulary too; no token
+    reaches the engine (its counters do not move); a plain request afterwards is a 200 and the
+    server logged no failure."""
     offset = len(server.log())
     checks = _refused(server)
     checks += [(url, {**body, "stream": True}, param, mention) for url, body, param, mention in checks]
     checks += [(server.url + "/detokenize", {"model": "default", "tokens": ids}, "tokens", str(ids[-1]))
                for ids in ([vocab_size()], [-1], [5, 191222])]
+    wait_idle(server.url)
+    before = counters(server.url)
     answers = parallel(*[lambda c=c: post(c[0], c[1]) for c in checks])
     failures = {f"{url.rsplit('/', 1)[1]} {body}": problems for (url, body, param, mention), answer
                 in zip(checks, answers, strict=True)
                 if (problems := error_problems(answer, 400, param, mention))}
     assert not failures, failures
+    assert counters(server.url) == before, "a refused request reached the engine"
     plain = post(chat_url(server), {"model": "default", "messages": HELLO, "max_tokens": 4})
     assert plain.status_code == 200, plain.text
     assert not log_problems(server.log()[offset:]), log_problems(server.log()[offset:])
