@@ -119,15 +119,36 @@ def error_status(exc: BaseException) -> tuple[int, str, str | None]:
     return _INTERNAL
 
 
+MAX_ERROR_MESSAGE_CHARS = 1024
+MAX_ERROR_PARAM_CHARS = 256
+"""Longest `error.message` and `error.param` sent: messages quote client values (an unknown field
+name, a model id, a union tag), and a quoted megabyte must not come back as a megabyte (case 037,
+response amplification)."""
+
+
+def bounded(text: str, max_chars: int) -> str:
+    """`text` cut to at most `max_chars` characters, the cut marked with how much was left out."""
+    if len(text) <= max_chars:
+        return text
+    marker = f"... ({len(text)} characters, cut)"
+    return text[: max(0, max_chars - len(marker))] + marker
+
+
 def error_body(exc: BaseException) -> ErrorResponse:
-    """The OpenAI error object for `exc`; unexpected exceptions get a generic message."""
+    """The OpenAI error object for `exc`; unexpected exceptions get a generic message. `message`
+    and `param` are cut to MAX_ERROR_MESSAGE_CHARS and MAX_ERROR_PARAM_CHARS."""
     _, error_type, code = error_status(exc)
     if isinstance(exc, _CLIENT_SAFE):
         message, param = exc.message, exc.param
     else:
         message, param = "internal server error", None
     return ErrorResponse(
-        error=ErrorInfo(message=message or error_type, type=error_type, param=param, code=code)
+        error=ErrorInfo(
+            message=bounded(message or error_type, MAX_ERROR_MESSAGE_CHARS),
+            type=error_type,
+            param=None if param is None else bounded(param, MAX_ERROR_PARAM_CHARS),
+            code=code,
+        )
     )
 
 
@@ -154,7 +175,8 @@ def error_headers(exc: BaseException) -> dict[str, str] | None:
 
 def _http_error_body(status: int, message: str) -> dict[str, object]:
     error_type = "invalid_request_error" if status < 500 else "server_error"
-    return ErrorResponse(error=ErrorInfo(message=message, type=error_type)).model_dump()
+    info = ErrorInfo(message=bounded(message, MAX_ERROR_MESSAGE_CHARS), type=error_type)
+    return ErrorResponse(error=info).model_dump()
 
 
 async def _handle_known(request: Request, exc: Exception) -> JSONResponse:

@@ -47,7 +47,8 @@ class SamplingFields(RequestModel):
     @classmethod
     def _bias_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for token, bias in (value or {}).items():
-            if not token.isdigit():
+            # ASCII digits only: str.isdigit() also accepts '²' and other digits int() refuses
+            if not (token.isascii() and token.isdigit()):
                 raise PydanticCustomError(
                     "invalid_value", "logit_bias keys must be token ids, got '{token}'", {"token": token}
                 )

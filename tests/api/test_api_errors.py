@@ -57,6 +57,7 @@ CHAT_INVALID = [
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
     ({"logit_bias": {"65": 200}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"),  # outside the vocabulary
+    ({"logit_bias": {"²": 1}}, "logit_bias"),  # a digit to str.isdigit(), not to int()
     ({"messages": None}, "messages"),
     ({"messages": "hi"}, "messages"),
     ({"messages": []}, "messages"),
@@ -186,6 +187,22 @@ async def test_unknown_model_is_404(client: httpx.AsyncClient, engine: FakeEngin
         error = assert_error(await client.post(path, json=body), 404, "model", "model_not_found")
         assert "gpt-9" in error["message"] and "fake-model" in error["message"]
     assert_error(await client.get("/v1/models/gpt-9"), 404, "model", "model_not_found")
+    assert engine.requests == []
+
+
+async def test_error_bodies_quote_client_values_bounded(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """A 100 000-character unknown field name, model id or logit_bias key comes back cut: message
+    at most MAX_ERROR_MESSAGE_CHARS, param at most MAX_ERROR_PARAM_CHARS, the cut marked (case 037)."""
+    from api.errors import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_PARAM_CHARS
+
+    huge = "k" * 100_000
+    for body, status in ((chat_body(**{huge: 1}), 400), (chat_body(model=huge), 404),
+                         (chat_body(logit_bias={huge: 1}), 400)):
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == status, response.text[:300]
+        error = response.json()["error"]
+        assert len(error["message"]) <= MAX_ERROR_MESSAGE_CHARS and "characters, cut)" in error["message"], error
+        assert error["param"] is None or len(error["param"]) <= MAX_ERROR_PARAM_CHARS, error["param"][:300]
     assert engine.requests == []
 
 

@@ -24,7 +24,17 @@ import httpx
 import jsonschema
 import pytest
 
-CASES_DIR = Path(__file__).resolve().parents[3] / "shared" / "cases"
+def _cases_dir() -> Path:
+    """`shared/cases` in the nearest folder above the repository that has one (the repository's
+    parent for a checkout beside `shared/`, a further parent for a worktree one level deeper)."""
+    root = Path(__file__).resolve().parents[2]
+    for folder in root.parents:
+        if (folder / "shared" / "cases").is_dir():
+            return folder / "shared" / "cases"
+    return root.parent / "shared" / "cases"
+
+
+CASES_DIR = _cases_dir()
 
 # One pooled client for every request of the tests: a fresh httpx client per call costs ~70 ms of
 # CPU (TLS context set-up), which on a 2-core box slows the server being measured.

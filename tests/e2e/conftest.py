@@ -141,3 +141,18 @@ def case_adapters(tmp_path_factory) -> dict[str, Path]:
     from tests.e2e.cases_lora import build_adapters
 
     return build_adapters(tmp_path_factory.mktemp("case_adapters"))
+
+
+@pytest.fixture(scope="session")
+def lora_runtime_server(case_adapters, tmp_path_factory) -> Iterator[Server]:
+    """The server of the LoRA registry cases (018, 040): adapter-a loaded at start, --max-loras 2,
+    --max-lora-rank 16, run-time loading on, one torch thread. Tests load adapters under their
+    own names and leave adapters they did not load alone."""
+    from tests.e2e.cases_lora import MAX_LORA_RANK, start_servers
+
+    (srv,) = start_servers(
+        tmp_path_factory.mktemp("lora_runtime"),
+        ["--enable-lora", "--lora-modules", f"adapter-a={case_adapters['adapter-a']}", "--max-loras", "2",
+         "--max-lora-rank", str(MAX_LORA_RANK), "--allow-runtime-lora", "--num-threads", "1"])
+    yield srv
+    stop_server(srv)

@@ -1,7 +1,7 @@
 """Acceptance case 018 (../shared/cases): loading and unloading LoRA adapters while generations run
 never crashes the server, never fails or switches the weights of a running stream, and answers
-bad loads with clean 400s; end to end on a real server (`cases_lora.py` adapters, one torch
-thread, --max-loras 2, run-time loading on).
+bad loads with clean 400s; end to end on a real server (`lora_runtime_server` in conftest.py,
+shared with case 040: `cases_lora.py` adapters, one torch thread, --max-loras 2, run-time loading on).
 
 The streams of the case run with `ignore_eos` so that they really last their 256 tokens (the base
 model otherwise stops after a few) and the adapter operations happen while they are in flight.
@@ -13,13 +13,12 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.cases_lora import MAX_LORA_RANK, broken_adapters, start_servers
+from tests.e2e.cases_lora import broken_adapters
 from tests.e2e.cases_support import (
     HTTP,
     Sse,
@@ -30,22 +29,12 @@ from tests.e2e.cases_support import (
     post,
     post_sse,
 )
-from tests.e2e.conftest import MODEL, Server, stop_server
+from tests.e2e.conftest import MODEL, Server
 
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 COUNT = [{"role": "user", "content": "Count slowly from one to fifty in words."}]
-
-
-@pytest.fixture(scope="module")
-def lora_server(case_adapters, tmp_path_factory) -> Iterator[Server]:
-    (srv,) = start_servers(
-        tmp_path_factory.mktemp("case018"),
-        ["--enable-lora", "--lora-modules", f"adapter-a={case_adapters['adapter-a']}", "--max-loras", "2",
-         "--max-lora-rank", str(MAX_LORA_RANK), "--allow-runtime-lora", "--num-threads", "1"])
-    yield srv
-    stop_server(srv)
 
 
 def stream_body(model: str, max_tokens: int) -> dict[str, Any]:
@@ -91,8 +80,8 @@ def check_alive(srv: Server, pid: int, log_offset: int) -> None:
     assert not log_problems(log), log_problems(log)
 
 
-def test_case018_load_and_unload_while_streams_run(lora_server, case_adapters):
-    srv = lora_server
+def test_case018_load_and_unload_while_streams_run(lora_runtime_server, case_adapters):
+    srv = lora_runtime_server
     steps = case_steps("018")
     assert (steps[0]["body"]["model"], steps[1]["body"]["model"]) == ("default", "adapter-a")
     # the served model's name for the case's "default" (a response names the model it was asked for)
@@ -135,11 +124,11 @@ def test_case018_load_and_unload_while_streams_run(lora_server, case_adapters):
     check_alive(srv, pid, offset)
 
 
-def test_case018_neighbours_bad_loads_are_400_and_leave_traffic_alone(lora_server, case_adapters, tmp_path):
+def test_case018_neighbours_bad_loads_are_400_and_leave_traffic_alone(lora_runtime_server, case_adapters, tmp_path):
     """Rank above --max-lora-rank, missing or malformed folders, a taken name, the base model's
     name and a body without lora_path are 400s (an unknown unload a 404), sent while streams of
     the base model and an adapter run; the streams and /v1/models are unchanged."""
-    srv = lora_server
+    srv = lora_runtime_server
     pid, offset = srv.proc.pid, len(srv.log())
     assert load(srv, "n-a", case_adapters["adapter-a"]).status_code == 200
     bodies = [stream_body(MODEL, 64), stream_body("n-a", 64)] * 2
@@ -173,10 +162,10 @@ def test_case018_neighbours_bad_loads_are_400_and_leave_traffic_alone(lora_serve
     check_alive(srv, pid, offset)
 
 
-def test_case018_neighbours_reload_in_place_never_switches_running_streams(lora_server, case_adapters):
+def test_case018_neighbours_reload_in_place_never_switches_running_streams(lora_runtime_server, case_adapters):
     """An adapter reloaded in place with other weights (of another rank) while its streams run:
     they finish on the old weights, a request sent after the reload gets the new ones."""
-    srv = lora_server
+    srv = lora_runtime_server
     pid, offset = srv.proc.pid, len(srv.log())
     for name, folder in (("n-b", "adapter-b"), ("n-c", "adapter-c")):
         assert load(srv, name, case_adapters[folder]).status_code == 200
@@ -198,10 +187,10 @@ def test_case018_neighbours_reload_in_place_never_switches_running_streams(lora_
     check_alive(srv, pid, offset)
 
 
-def test_case018_neighbours_requests_racing_an_unload_get_404_or_finish(lora_server, case_adapters):
+def test_case018_neighbours_requests_racing_an_unload_get_404_or_finish(lora_runtime_server, case_adapters):
     """Requests naming an adapter sent together with its unload: each is either refused before it
     streams (404 error object) or streams to a normal end; never an error mid-stream."""
-    srv = lora_server
+    srv = lora_runtime_server
     pid, offset = srv.proc.pid, len(srv.log())
     outcomes = []
     for _ in range(3):
