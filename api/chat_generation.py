@@ -18,8 +18,8 @@ from api.context import ResolvedModel, ServerContext
 from api.protocol.messages import ChatMessage, Tool
 from api.sampling_from_request import resolve_max_tokens
 from api.tool_choice import ChatConstraints, sampling_for_tools
-from engine.request import EngineRequest
-from engine.sampling_params import SamplingParams
+from engine import EngineRequest
+from engine import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

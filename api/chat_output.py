@@ -21,7 +21,7 @@ from api.response_meta import ResponseMeta
 from api.tool_calls import ToolCallObserver, finish_reason_with_calls, split_tool_calls
 from api.tool_choice import ToolCalling
 from api.tool_stream import ToolCallStream
-from engine.request import CompletionDelta, RequestOutput, TokenLogprob
+from engine import CompletionDelta, RequestOutput, TokenLogprob
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
 

@@ -17,8 +17,8 @@ from api.access_cli import access_options_from_args, add_access_arguments
 from api.config import ServerConfig
 from api.lora_cli import add_lora_arguments, lora_config_from_args
 from constrained import GrammarConfig
-from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
-from engine.errors import EngineError
+from engine import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
+from engine import EngineError
 from lora.errors import LoraError
 from toolparsers import TOOL_PARSERS
 from toolparsers.templates import template_path
@@ -236,7 +236,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     then shut the engine down."""
     from api.app import create_app
     from api.shutdown import run_server
-    from engine.async_engine import AsyncEngine  # imported here: it pulls in torch and the model code
+    from engine import AsyncEngine  # imported here: it pulls in torch and the model code
 
     engine = AsyncEngine.start(engine_config)
     try:

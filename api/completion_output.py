@@ -12,7 +12,7 @@ from api.protocol.common import Usage
 from api.protocol.completion_response import Completion, CompletionChoice
 from api.protocol.logprobs import CompletionLogprobs
 from api.response_meta import ResponseMeta
-from engine.request import RequestOutput, TokenLogprob
+from engine import RequestOutput, TokenLogprob
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
 

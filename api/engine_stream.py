@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from api.context import EngineClient
 from api.errors import RequestAborted
 from api.stream_tracker import StreamTracker
-from engine.request import EngineRequest, RequestOutput
+from engine import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
 

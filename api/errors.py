@@ -17,7 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.protocol.common import ErrorInfo, ErrorResponse
 from constrained.errors import GrammarCompileTimeout, GrammarError, InvalidGrammar
-from engine.errors import (
+from engine import (
     ContextLengthExceeded,
     EngineDeadError,
     EngineStepError,

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from api.protocol.logprobs import ChatTokenLogprob, ChoiceLogprobs, CompletionLogprobs, TopLogprob
-from engine.request import TokenLogprob
+from engine import TokenLogprob
 
 # OpenAI's value for a token outside the top alternatives; JSON has no -inf
 MIN_LOGPROB = -9999.0

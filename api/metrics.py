@@ -19,8 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from engine.histogram import HistogramSnapshot
-from engine.stats import EngineStats
+from engine import HistogramSnapshot
+from engine import EngineStats
 
 PREFIX = "structserve:"
 

@@ -19,7 +19,7 @@ from api.engine_stream import EngineStream, StreamGroup
 from api.responses_run import ResponseRun
 from api.responses_stream import whole_response
 from api.stream_tracker import StreamTracker
-from engine.request import EngineRequest
+from engine import EngineRequest
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from api.protocol.responses_request import ResponsesRequest
 from api.responses_store import ResponsesStore, StoredResponse
 from api.tool_calls import ToolCallObserver
 from api.tool_choice import ToolCalling
-from engine.request import RequestOutput
+from engine import RequestOutput
 
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 

@@ -19,7 +19,7 @@ from api.protocol.responses_events import ErrorEvent, ResponseLifecycleEvent, St
 from api.protocol.responses_object import ResponseObject
 from api.responses_output import EventCounter, ResponseOutputBuilder
 from api.responses_run import ResponseRun
-from engine.request import RequestOutput
+from engine import RequestOutput
 
 logger = logging.getLogger(__name__)
 

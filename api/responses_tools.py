@@ -26,7 +26,7 @@ from api.protocol.responses_request import (
     TextFormatJsonSchema,
 )
 from api.tool_choice import ChatConstraints, ToolRequest, request_constraints
-from engine.sampling_params import SamplingParams
+from engine import SamplingParams
 
 
 def chat_tools(body: ResponsesRequest) -> list[Tool] | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from api.errors import InvalidRequest
 from api.protocol.sampling_fields import SamplingFields
-from engine.errors import ContextLengthExceeded
-from engine.sampling_params import SamplingParams
+from engine import ContextLengthExceeded
+from engine import SamplingParams
 
 
 def resolve_max_tokens(

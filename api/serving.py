@@ -16,7 +16,7 @@ from api.disconnect import cancel_on_disconnect
 from api.engine_stream import EngineStream, StreamGroup
 from api.sse import EngineEventSourceResponse, sse_data
 from api.stream_tracker import track
-from engine.request import EngineRequest, RequestOutput
+from engine import EngineRequest, RequestOutput
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
 SseEncoder = Callable[[AsyncIterator[BaseModel], str], AsyncGenerator[Any, None]]

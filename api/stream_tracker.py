@@ -8,7 +8,7 @@ from fastapi import Request
 
 from api.metrics import ServingMetrics, app_metrics
 from api.request_log import RequestRecord, request_record
-from engine.request import EngineRequest, RequestOutput
+from engine import EngineRequest, RequestOutput
 
 
 class StreamTracker:

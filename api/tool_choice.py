@@ -27,7 +27,7 @@ from api.protocol.messages import NamedToolChoice, Tool
 from api.protocol.messages import ToolChoice as ToolChoiceField
 from api.protocol.structured_outputs import StructuredOutputs
 from api.tool_format_grammar import answer_or_calls_grammar
-from engine.sampling_params import SamplingParams
+from engine import SamplingParams
 from toolparsers import ToolParser, ToolSpec, get_tool_parser
 from toolparsers.base import ToolChoice
 

@@ -21,7 +21,7 @@ from api.request_body import read_body
 from api.response_meta import ResponseMeta
 from api.sampling_from_request import resolve_max_tokens, sampling_params_from_request
 from api.serving import respond
-from engine.request import EngineRequest
+from engine import EngineRequest
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
