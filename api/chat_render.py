@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 
 from api.chat_template_select import conversation_uses_tools, pick_chat_template
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.protocol.messages import (
     AssistantMessage,
     ChatMessage,

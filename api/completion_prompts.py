@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.protocol.completion_request import Prompt
 
 

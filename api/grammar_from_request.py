@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.json_schema_check import check_json_schema, parse_schema_text
 from api.protocol.messages import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema
 from api.protocol.sampling_fields import SamplingFields

@@ -17,7 +17,7 @@ from urllib.parse import unquote
 import jsonschema
 from jsonschema import validators
 
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 
 
 def parse_schema_text(text: str, param: str) -> dict[str, Any]:

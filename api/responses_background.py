@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 
 from api.context import EngineClient
-from api.engine_stream import EngineStream, StreamGroup
+from api.streaming.engine_stream import EngineStream, StreamGroup
 from api.responses_run import ResponseRun
 from api.responses_stream import whole_response
-from api.stream_tracker import StreamTracker
+from api.observability.stream_tracker import StreamTracker
 from engine import EngineRequest
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.protocol.messages import (
     AssistantMessage,
     ChatMessage,

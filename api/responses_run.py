@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from api.errors import error_body
+from api.http.errors import error_body
 from api.protocol.responses_object import (
     IncompleteDetails,
     OutputItem,

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from api.errors import error_body
+from api.http.errors import error_body
 from api.protocol.responses_events import ErrorEvent, ResponseLifecycleEvent, StreamEvent
 from api.protocol.responses_object import ResponseObject
 from api.responses_output import EventCounter, ResponseOutputBuilder

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.protocol.sampling_fields import SamplingFields
 from engine import ContextLengthExceeded
 from engine import SamplingParams

@@ -9,7 +9,7 @@ from toolparsers import ToolCall as ParsedCall
 from toolparsers import ToolParser
 
 ToolCallObserver = Callable[[list[ParsedCall]], None]
-"""Called with the calls completed in each parsed piece of output (api/tool_call_metrics.py counts them)."""
+"""Called with the calls completed in each parsed piece of output (api/observability/tool_call_metrics.py counts them)."""
 
 
 def message_tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.config import ServerConfig
-from api.errors import InvalidRequest, NotSupported
+from api.http.errors import InvalidRequest, NotSupported
 from api.grammar_from_request import RequestGrammar, format_grammar, with_options
 from api.json_schema_check import check_json_schema
 from api.protocol.chat_request import ChatCompletionRequest

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.errors import InvalidRequest, NotSupported
+from api.http.errors import InvalidRequest, NotSupported
 from api.grammar_from_request import RequestGrammar
 from constrained.source import close_objects
 from constrained.spec import GrammarKind, GrammarSpec, guidance_json_options

@@ -7,7 +7,7 @@ from functools import partial
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from api.auth import require_api_key
+from api.http.auth import require_api_key
 from api.chat_generation import ChatInputs, prepare_chat_generation
 from api.chat_output import ChatOutputOptions, chat_chunks, chat_completion
 from api.chat_render import RenderOptions
@@ -15,11 +15,11 @@ from api.context import Context
 from api.grammar_from_request import grammar_errors_name
 from api.logprobs_output import LogprobFormatter
 from api.protocol.chat_request import ChatCompletionRequest
-from api.request_body import read_body
+from api.http.body import read_body
 from api.response_meta import ResponseMeta
 from api.sampling_from_request import chat_logprobs, sampling_params_from_request
-from api.serving import respond
-from api.tool_call_metrics import tool_call_counter
+from api.streaming.respond import respond
+from api.observability.tool_call_metrics import tool_call_counter
 from api.tool_choice import chat_constraints
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

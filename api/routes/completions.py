@@ -9,18 +9,18 @@ from functools import partial
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from api.auth import require_api_key
+from api.http.auth import require_api_key
 from api.completion_output import CompletionOutputOptions, completion, completion_chunks
 from api.completion_prompts import tokenize_prompts
 from api.context import Context
-from api.errors import InvalidRequest, NotSupported
+from api.http.errors import InvalidRequest, NotSupported
 from api.grammar_from_request import grammar_errors_name, grammar_spec_for_completion
 from api.logprobs_output import LogprobFormatter
 from api.protocol.completion_request import CompletionRequest
-from api.request_body import read_body
+from api.http.body import read_body
 from api.response_meta import ResponseMeta
 from api.sampling_from_request import resolve_max_tokens, sampling_params_from_request
-from api.serving import respond
+from api.streaming.respond import respond
 from engine import EngineRequest
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

@@ -12,11 +12,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 
-from api.auth import require_api_key
+from api.http.auth import require_api_key
 from api.context import Context, ServerContext
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.protocol.lora import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
-from api.request_body import read_body
+from api.http.body import read_body
 from lora.errors import LoraNotEnabled
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from api.auth import require_api_key
+from api.http.auth import require_api_key
 from api.context import Context, ServerContext
-from api.errors import ModelNotFound
+from api.http.errors import ModelNotFound
 from api.protocol.models import ModelCard, ModelList
 
 router = APIRouter(dependencies=[Depends(require_api_key)])

@@ -14,15 +14,15 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
-from api.auth import require_api_key
+from api.http.auth import require_api_key
 from api.chat_generation import ChatInputs, prepare_chat_generation
 from api.chat_render import RenderOptions
 from api.context import Context
-from api.errors import InvalidRequest, NotSupported, PreviousResponseNotFound, ResponseNotFound
+from api.http.errors import InvalidRequest, NotSupported, PreviousResponseNotFound, ResponseNotFound
 from api.grammar_from_request import grammar_errors_name
 from api.protocol.responses_object import InputItemList, ResponseDeleted
 from api.protocol.responses_request import ResponsesRequest
-from api.request_body import read_body
+from api.http.body import read_body
 from api.responses_background import run_in_background
 from api.responses_input import build_conversation
 from api.responses_run import ResponseRun, initial_response, items_json
@@ -30,10 +30,10 @@ from api.responses_state import Responses
 from api.responses_store import StoredResponse
 from api.responses_stream import response_events, whole_response
 from api.responses_tools import chat_tools, responses_constraints, responses_sampling
-from api.serving import respond
-from api.sse import sse_typed_events
-from api.stream_tracker import track
-from api.tool_call_metrics import tool_call_counter
+from api.streaming.respond import respond
+from api.streaming.sse import sse_typed_events
+from api.observability.stream_tracker import track
+from api.observability.tool_call_metrics import tool_call_counter
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 

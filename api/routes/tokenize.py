@@ -8,9 +8,9 @@ from fastapi import APIRouter, Request
 
 from api.chat_render import RenderOptions, render_chat_prompt
 from api.context import Context
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.protocol.tokenization import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from api.request_body import read_body
+from api.http.body import read_body
 
 router = APIRouter()
 

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from api_support import FakeEngine, chat_body
 
-from api.access_cli import parse_list
+from api.cli.access import parse_list
 from api.app import create_app
-from api.cli import build_configs, build_parser
+from api.cli.serve import build_configs, build_parser
 
 pytestmark = pytest.mark.anyio
 

@@ -127,7 +127,7 @@ async def test_other_requests_finish_while_one_is_abandoned(
 async def test_disconnect_while_sending_the_body_is_an_abort(path: str, caplog) -> None:
     """A client that leaves half way through its body gets a 499 and an `aborted` log line, not an
     unhandled-error traceback."""
-    caplog.set_level(logging.INFO, logger="api.request_log")
+    caplog.set_level(logging.INFO, logger="api.observability.request_log")
     engine = FakeEngine()
     app = create_app(engine, ServerConfig(sse_ping_interval_s=0))
     call = AsgiCall(app, path, chat_body())

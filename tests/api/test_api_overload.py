@@ -12,7 +12,7 @@ import pytest
 from api_support import FakeEngine, chat_body, sse_events
 from fastapi import FastAPI
 
-from api.cli import build_configs, build_parser
+from api.cli.serve import build_configs, build_parser
 from engine.errors import RequestTimedOut
 
 pytestmark = pytest.mark.anyio

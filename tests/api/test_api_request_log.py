@@ -1,4 +1,4 @@
-"""One structured log line per generation request at its completion (api/request_log.py): chat,
+"""One structured log line per generation request at its completion (api/observability/request_log.py): chat,
 completions and responses; whole, streamed, failed, cut by the client, and in the background."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 from api_support import FakeEngine, chat_body
 from fastapi import FastAPI
 
-from api.request_log import format_fields
+from api.observability.request_log import format_fields
 from engine.request import EngineRequest
 
 pytestmark = pytest.mark.anyio
 
-LOGGER = "api.request_log"
+LOGGER = "api.observability.request_log"
 WEATHER = {
     "type": "function",
     "name": "get_weather",

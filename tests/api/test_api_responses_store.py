@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from responses_support import GET_WEATHER, call_text, play, prompt_of, sdk_client
 
 from api.app import create_app
-from api.cli import build_configs, build_parser
+from api.cli.serve import build_configs, build_parser
 from api.config import ServerConfig
 from api.responses_store import ResponsesStore, StoredResponse
 

@@ -11,7 +11,7 @@ import pytest
 from api_support import FakeEngine, chat_body, sse_events, sse_json
 from fastapi import FastAPI
 
-from api.shutdown import drain
+from api.http.shutdown import drain
 
 pytestmark = pytest.mark.anyio
 

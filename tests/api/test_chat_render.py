@@ -6,7 +6,7 @@ import pytest
 from api_support import FakeTokenizer
 
 from api.chat_render import RenderOptions, message_to_template_dict, render_chat_prompt
-from api.errors import InvalidRequest
+from api.http.errors import InvalidRequest
 from api.protocol.chat_request import ChatCompletionRequest
 
 

@@ -1,4 +1,4 @@
-"""api/cli.py: flags -> EngineConfig and ServerConfig."""
+"""api/cli/serve.py: flags -> EngineConfig and ServerConfig."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import build_configs, build_parser, main, parse_size, read_chat_template
+from api.cli.serve import build_configs, build_parser, main, parse_size, read_chat_template
 
 
 @pytest.mark.parametrize(

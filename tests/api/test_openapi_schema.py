@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api.openapi_schema import REQUEST_BODIES
+from api.http.openapi import REQUEST_BODIES
 
 pytestmark = pytest.mark.anyio
 

@@ -9,8 +9,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from api.context import EngineClient
-from api.errors import RequestAborted
-from api.stream_tracker import StreamTracker
+from api.http.errors import RequestAborted
+from api.observability.stream_tracker import StreamTracker
 from engine import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)

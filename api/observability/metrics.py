@@ -4,7 +4,7 @@ Two sources feed one registry per app (no process-global state):
 - `EngineCollector` reads one `EngineStats` snapshot per scrape (gauges, token counters, the grammar
   compile histogram), so the engine's step loop only bumps plain counters.
 - `ServingMetrics` owns the histograms and counters the api observes as outputs arrive
-  (`api/stream_tracker.py`, `api/tool_call_metrics.py`): time to first token, inter-token latency,
+  (`api/observability/stream_tracker.py`, `api/observability/tool_call_metrics.py`): time to first token, inter-token latency,
   end-to-end latency, request_success by finish_reason, tool_calls by validity.
 """
 

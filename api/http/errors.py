@@ -2,7 +2,7 @@
 
 Every non-2xx body is `{"error": {"message", "type", "param", "code"}}`; `code` is a string or
 null, never the HTTP status. Inside a started SSE stream the same body goes out as a final
-`data:` event (see `api/sse.py`).
+`data:` event (see `api/streaming/sse.py`).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ def _param_path(loc: tuple[Any, ...], data: Any, missing: bool = False) -> str |
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers: api and engine errors through ERROR_STATUS, HTTP errors (404, 405)
     and FastAPI validation errors as OpenAI bodies. Unexpected exceptions are turned into a 500
-    by `api/middleware.py`, which also keeps the x-request-id header on them."""
+    by `api/http/middleware.py`, which also keeps the x-request-id header on them."""
     app.add_exception_handler(ApiError, _handle_known)
     app.add_exception_handler(EngineError, _handle_known)
     app.add_exception_handler(GrammarError, _handle_known)

@@ -1,7 +1,7 @@
 """Graceful shutdown: on SIGTERM (or SIGINT) drain, then let uvicorn close, then exit 0.
 
 The sequence, after the signal:
-1. The app drains (`api/draining.py`): new requests get 503 `shutting_down`; the listening socket
+1. The app drains (`api/http/draining.py`): new requests get 503 `shutting_down`; the listening socket
    stays open meanwhile, so clients get that answer rather than a refused connection.
 2. Running requests (HTTP requests, streams and background responses) get `grace_s` seconds to end.
 3. Whatever still runs is aborted in the engine: a whole answer becomes a 503 `request_aborted`,
@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
 from api.context import EngineClient
-from api.draining import DrainState
+from api.http.draining import DrainState
 from api.responses_background import BackgroundResponses
 
 logger = logging.getLogger(__name__)

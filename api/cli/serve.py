@@ -9,13 +9,12 @@ import argparse
 import logging
 import os
 import re
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from api.access_cli import access_options_from_args, add_access_arguments
+from api.cli.access import access_options_from_args, add_access_arguments
 from api.config import ServerConfig
-from api.lora_cli import add_lora_arguments, lora_config_from_args
+from api.cli.lora_flags import add_lora_arguments, lora_config_from_args
 from constrained import GrammarConfig
 from engine import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
 from engine import EngineError
@@ -232,10 +231,10 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
 
 
 def serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
-    """Start the engine (blocking load), serve HTTP until SIGTERM / SIGINT, drain (api/shutdown.py),
+    """Start the engine (blocking load), serve HTTP until SIGTERM / SIGINT, drain (api/http/shutdown.py),
     then shut the engine down."""
     from api.app import create_app
-    from api.shutdown import run_server
+    from api.http.shutdown import run_server
     from engine import AsyncEngine  # imported here: it pulls in torch and the model code
 
     engine = AsyncEngine.start(engine_config)
@@ -262,6 +261,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve(engine_config, server_config)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import error_response
+from api.http.errors import error_response
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from api.errors import ClientDisconnected, InvalidRequest, invalid_request_from_errors
+from api.http.errors import ClientDisconnected, InvalidRequest, invalid_request_from_errors
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

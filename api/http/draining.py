@@ -1,7 +1,7 @@
 """The gate in front of the app while it drains for shutdown: new requests get 503, requests
 already in flight are counted until they end (streams included).
 
-Pure ASGI (like `api/middleware.py`) so that the count covers a streamed response up to its last
+Pure ASGI (like `api/http/middleware.py`) so that the count covers a streamed response up to its last
 byte and `receive` reaches the routes untouched.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.errors import ServerShuttingDown, error_headers, error_response
+from api.http.errors import ServerShuttingDown, error_headers, error_response
 
 OPEN_WHILE_DRAINING = frozenset({"/metrics"})
 """Paths still served while draining (and not counted): a dashboard keeps watching the drain.
@@ -22,7 +22,7 @@ OPEN_WHILE_DRAINING = frozenset({"/metrics"})
 class DrainState:
     """Whether the app drains, and how many HTTP requests are in flight (`app.state.drain`).
 
-    Written only on the event loop: the middleware counts, `api/shutdown.py` sets `draining`.
+    Written only on the event loop: the middleware counts, `api/http/shutdown.py` sets `draining`.
     """
 
     draining: bool = False

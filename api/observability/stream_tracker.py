@@ -6,8 +6,8 @@ import time
 
 from fastapi import Request
 
-from api.metrics import ServingMetrics, app_metrics
-from api.request_log import RequestRecord, request_record
+from api.observability.metrics import ServingMetrics, app_metrics
+from api.observability.request_log import RequestRecord, request_record
 from engine import EngineRequest, RequestOutput
 
 

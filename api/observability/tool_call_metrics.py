@@ -18,8 +18,8 @@ import referencing.exceptions
 from fastapi import Request
 from jsonschema import validators
 
-from api.metrics import ServingMetrics, app_metrics
-from api.request_log import RequestRecord, request_record
+from api.observability.metrics import ServingMetrics, app_metrics
+from api.observability.request_log import RequestRecord, request_record
 from api.tool_choice import ToolCalling
 from toolparsers import ToolCall as ParsedCall
 from toolparsers import ToolSpec

@@ -1,6 +1,6 @@
 """One structured log line per generation request (chat, completions, responses) at its completion.
 
-The line is `request done key=value ...` on the `api.request_log` logger at INFO; the same fields
+The line is `request done key=value ...` on the `api.observability.request_log` logger at INFO; the same fields
 ride on the LogRecord as `record.request_log` (a dict) for JSON handlers. Fields:
 
 | key | meaning |

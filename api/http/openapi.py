@@ -1,9 +1,9 @@
 """/openapi.json as the server really behaves: request bodies documented, errors as OpenAI objects.
 
-The routes read their bodies themselves (`api/request_body.py`: strict, 400 naming the field), so
+The routes read their bodies themselves (`api/http/body.py`: strict, 400 naming the field), so
 FastAPI sees no body parameter and would publish POST operations without a request body, and
 would promise 422 validation bodies the server never sends. REQUEST_BODIES puts the bodies back;
-every operation documents its non-2xx answers as the OpenAI error object (`api/errors.py`).
+every operation documents its non-2xx answers as the OpenAI error object (`api/http/errors.py`).
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from api.context import ServerContext
-from api.disconnect import cancel_on_disconnect
-from api.engine_stream import EngineStream, StreamGroup
-from api.sse import EngineEventSourceResponse, sse_data
-from api.stream_tracker import track
+from api.streaming.disconnects import cancel_on_disconnect
+from api.streaming.engine_stream import EngineStream, StreamGroup
+from api.streaming.sse import EngineEventSourceResponse, sse_data
+from api.observability.stream_tracker import track
 from engine import EngineRequest, RequestOutput
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
@@ -37,7 +37,7 @@ async def respond(
     The first output is awaited before any byte is sent, so engine errors raised before it are
     ordinary HTTP errors. A client that disconnects (before the first output, during a whole
     answer, or mid-stream) gets its engine requests aborted at once. Each engine request's outputs
-    feed the app's latency metrics and the request's log record (`api/stream_tracker.py`).
+    feed the app's latency metrics and the request's log record (`api/observability/stream_tracker.py`).
     """
     request_id = getattr(request.state, "request_id", "-")
     group = StreamGroup([EngineStream(context.engine, r, track(request, r)) for r in engine_requests])

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 from starlette.types import Receive, Scope, Send
 
-from api.errors import error_body
+from api.http.errors import error_body
 
 logger = logging.getLogger(__name__)
 
