@@ -16,9 +16,12 @@ from api.observability.metrics import ServingMetrics
 from api.http.middleware import RequestIdMiddleware
 from api.http.openapi import install_openapi
 from api.observability.request_log import RequestLogMiddleware
-from api.responses_state import ResponsesState
-from api.responses_store import ResponsesStore
-from api.routes import chat, completions, health, lora, metrics, models, responses, tokenize
+from api.responses.state import ResponsesState
+from api.responses.store import ResponsesStore
+from api.admin import health, lora, metrics, models, tokenize
+from api.chat import router as chat
+from api.completions import router as completions
+from api.responses import router as responses
 
 
 def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:

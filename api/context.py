@@ -10,7 +10,7 @@ from typing import Annotated, Any, Protocol
 from fastapi import Depends, Request
 
 from api.config import ServerConfig
-from api.http.errors import ModelNotFound
+from api.errors import ModelNotFound
 from engine import EngineStats
 from engine import EngineRequest, RequestOutput
 from lora.registry import LoraAdapterInfo

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from api.http.errors import InvalidRequest, NotSupported
-from api.grammar_from_request import RequestGrammar
+from api.errors import InvalidRequest, NotSupported
+from api.generation.inputs import RequestGrammar
 from constrained.source import close_objects
 from constrained.spec import GrammarKind, GrammarSpec, guidance_json_options
 

@@ -7,7 +7,7 @@ import hmac
 from fastapi import Request
 
 from api.context import Context
-from api.http.errors import AuthenticationFailed
+from api.errors import AuthenticationFailed
 
 
 async def require_api_key(request: Request, context: Context) -> None:

@@ -9,7 +9,8 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from api.http.errors import ClientDisconnected, InvalidRequest, invalid_request_from_errors
+from api.errors import ClientDisconnected, InvalidRequest
+from api.http.errors import invalid_request_from_errors
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.http.errors import ServerShuttingDown, error_headers, error_response
+from api.errors import ServerShuttingDown
+from api.http.errors import error_headers, error_response
 
 OPEN_WHILE_DRAINING = frozenset({"/metrics"})
 """Paths still served while draining (and not counted): a dashboard keeps watching the drain.

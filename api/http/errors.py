@@ -1,4 +1,4 @@
-"""The api's exception types and the one table mapping every exception type to an OpenAI error.
+"""The one table mapping every exception type to an OpenAI error (the api's own types are in api/errors.py).
 
 Every non-2xx body is `{"error": {"message", "type", "param", "code"}}`; `code` is a string or
 null, never the HTTP status. Inside a started SSE stream the same body goes out as a final
@@ -15,6 +15,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.errors import (
+    ApiError,
+    AuthenticationFailed,
+    ClientDisconnected,
+    InvalidRequest,
+    ModelNotFound,
+    NotSupported,
+    PreviousResponseNotFound,
+    RequestAborted,
+    ResponseNotFound,
+    ServerShuttingDown,
+)
 from api.protocol.common import ErrorInfo, ErrorResponse
 from constrained.errors import GrammarCompileTimeout, GrammarError, InvalidGrammar
 from engine import (
@@ -31,51 +43,6 @@ from lora.errors import InvalidLoraAdapter, LoraAdapterExists, LoraAdapterNotFou
 from toolparsers.errors import ToolParserError
 
 logger = logging.getLogger(__name__)
-
-
-class ApiError(Exception):
-    """Base of the api's own exceptions. `param` names the request field at fault, if any."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-
-class InvalidRequest(ApiError):
-    """The body is malformed, of the wrong type or out of range (400)."""
-
-
-class NotSupported(ApiError):
-    """A well-formed request asks for something this server does not do (yet) (400)."""
-
-
-class ModelNotFound(ApiError):
-    """`model` names neither a served model nor an adapter (404)."""
-
-
-class ResponseNotFound(ApiError):
-    """No stored response has this id (never stored, stored with `store: false`, or deleted) (404)."""
-
-
-class PreviousResponseNotFound(ResponseNotFound):
-    """`previous_response_id` names no stored response (404, code previous_response_not_found)."""
-
-
-class AuthenticationFailed(ApiError):
-    """Missing or wrong `Authorization: Bearer` key (401)."""
-
-
-class RequestAborted(ApiError):
-    """The engine ended the request without finishing it (shutdown, 503)."""
-
-
-class ClientDisconnected(ApiError):
-    """The client went away before the answer; nothing is sent back."""
-
-
-class ServerShuttingDown(ApiError):
-    """The server is draining before it exits and takes no new requests (503, Retry-After)."""
 
 
 ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {

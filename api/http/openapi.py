@@ -15,12 +15,12 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from api.protocol.chat_request import ChatCompletionRequest
+from api.chat.protocol import ChatCompletionRequest
 from api.protocol.common import ErrorResponse
-from api.protocol.completion_request import CompletionRequest
-from api.protocol.lora import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
-from api.protocol.responses_request import ResponsesRequest
-from api.protocol.tokenization import DetokenizeRequest, TokenizeRequest
+from api.completions.protocol import CompletionRequest
+from api.admin.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
+from api.responses.protocol.request import ResponsesRequest
+from api.admin.protocol import DetokenizeRequest, TokenizeRequest
 
 REQUEST_BODIES: dict[tuple[str, str], type[BaseModel]] = {
     # (method, path) -> the model its route passes to `read_body`

@@ -26,7 +26,7 @@ from sse_starlette.sse import AppStatus
 
 from api.context import EngineClient
 from api.http.draining import DrainState
-from api.responses_background import BackgroundResponses
+from api.responses.background import BackgroundResponses
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from jsonschema import validators
 
 from api.observability.metrics import ServingMetrics, app_metrics
 from api.observability.request_log import RequestRecord, request_record
-from api.tool_choice import ToolCalling
+from api.generation.constraints import ToolCalling
 from toolparsers import ToolCall as ParsedCall
 from toolparsers import ToolSpec
 

@@ -1,7 +1,7 @@
 """Request fields shared by /v1/chat/completions and /v1/completions (OpenAI + vLLM extras).
 
 Every field is optional and nullable; null means the default, resolved in
-`api/sampling_from_request.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128).
+`api/protocol/sampling.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128).
 """
 
 from __future__ import annotations

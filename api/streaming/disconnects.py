@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from starlette.types import Receive
 
-from api.http.errors import ClientDisconnected
+from api.errors import ClientDisconnected
 
 logger = logging.getLogger(__name__)
 

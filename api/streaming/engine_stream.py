@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from api.context import EngineClient
-from api.http.errors import RequestAborted
+from api.errors import RequestAborted
 from api.observability.stream_tracker import StreamTracker
 from engine import EngineRequest, RequestOutput
 

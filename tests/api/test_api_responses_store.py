@@ -17,7 +17,7 @@ from responses_support import GET_WEATHER, call_text, play, prompt_of, sdk_clien
 from api.app import create_app
 from api.cli.serve import build_configs, build_parser
 from api.config import ServerConfig
-from api.responses_store import ResponsesStore, StoredResponse
+from api.responses.store import ResponsesStore, StoredResponse
 
 pytestmark = pytest.mark.anyio
 

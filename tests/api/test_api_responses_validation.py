@@ -11,9 +11,8 @@ import pytest
 from api_support import FakeEngine
 from responses_support import GET_TIME, GET_WEATHER, prompt_of
 
-from api.protocol.messages import AssistantMessage, ToolMessage
-from api.protocol.responses_request import ResponsesRequest
-from api.responses_input import build_conversation
+from api.responses.protocol.request import ResponsesRequest
+from api.responses.translate import conversation as build_conversation
 
 pytestmark = pytest.mark.anyio
 
@@ -154,13 +153,13 @@ def test_function_calls_join_the_assistant_message_before_them() -> None:
             ]
         }
     )
-    conversation = build_conversation(body, [])
-    _, assistant, out1, out2 = conversation.messages
-    assert isinstance(assistant, AssistantMessage) and assistant.content == "checking"
-    assert [(c.id, c.function.name) for c in assistant.tool_calls] == [("c1", "a"), ("c2", "b")]
-    assert isinstance(out1, ToolMessage) and (out1.tool_call_id, out1.content) == ("c1", "r1")
-    assert isinstance(out2, ToolMessage) and out2.content == "r2"
-    stored = [item.model_dump() for item in conversation.input_items]
+    messages, input_items = build_conversation(body, [])
+    _, assistant, out1, out2 = messages
+    assert assistant.role == "assistant" and assistant.content == "checking"
+    assert [(c.id, c.name) for c in assistant.tool_calls] == [("c1", "a"), ("c2", "b")]
+    assert out1.role == "tool" and (out1.tool_call_id, out1.content) == ("c1", "r1")
+    assert out2.role == "tool" and out2.content == "r2"
+    stored = [item.model_dump() for item in input_items]
     assert [item["type"] for item in stored] == ["message"] * 2 + ["function_call"] * 2 + [
         "function_call_output"
     ] * 2

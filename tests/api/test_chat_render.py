@@ -1,17 +1,29 @@
-"""api/chat_render.py: messages -> template dicts -> prompt ids."""
+"""api/generation/render.py: messages -> template dicts -> prompt ids."""
 
 from __future__ import annotations
 
 import pytest
 from api_support import FakeTokenizer
 
-from api.chat_render import RenderOptions, message_to_template_dict, render_chat_prompt
-from api.http.errors import InvalidRequest
-from api.protocol.chat_request import ChatCompletionRequest
+from api.chat.protocol import ChatCompletionRequest
+from api.config import ServerConfig
+from api.errors import InvalidRequest
+from api.generation.inputs import GenerationInputs, RenderOptions
+from api.generation.render import ChatPrompt, render_prompt, template_dict
+from api.protocol.conversation import conversation
+from engine import SamplingParams
 
 
 def messages(*raw: dict) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"messages": list(raw)})
+
+
+async def render_chat_prompt(
+    tokenizer, request: ChatCompletionRequest, options: RenderOptions, chat_template: str | None = None
+) -> ChatPrompt:
+    """The prompt of `request`'s messages (no tools) as chat renders it."""
+    inputs = GenerationInputs(conversation(request.messages), SamplingParams(), False, render=options)
+    return await render_prompt(tokenizer, ServerConfig(chat_template=chat_template), inputs)
 
 
 def test_template_dicts() -> None:
@@ -30,7 +42,7 @@ def test_template_dicts() -> None:
         },
         {"role": "tool", "tool_call_id": "c", "content": "1"},
     )
-    dicts = [message_to_template_dict(m) for m in request.messages]
+    dicts = [template_dict(m) for m in conversation(request.messages)]
     assert dicts[0] == {"role": "system", "content": "a\nb"}
     assert dicts[1] == {"role": "user", "content": "hi", "name": "bob"}
     assert dicts[2]["content"] == "" and dicts[2]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
@@ -44,28 +56,22 @@ async def test_render_errors() -> None:
     request = messages({"role": "user", "content": "hi"})
     with pytest.raises(InvalidRequest, match="continue_final_message"):
         await render_chat_prompt(
-            tokenizer,
-            request.messages,
-            None,
-            RenderOptions(add_generation_prompt=False, continue_final_message=True),
+            tokenizer, request, RenderOptions(add_generation_prompt=False, continue_final_message=True)
         )
     with pytest.raises(InvalidRequest, match="rejected"):
-        await render_chat_prompt(
-            tokenizer, request.messages, None, RenderOptions(chat_template="{{ raise_undefined_call() }}")
-        )
+        await render_chat_prompt(tokenizer, request, RenderOptions(), chat_template="{{ raise_undefined_call() }}")
     tokenizer.chat_template = None
     with pytest.raises(InvalidRequest, match="no chat template"):
-        await render_chat_prompt(tokenizer, request.messages, None, RenderOptions())
+        await render_chat_prompt(tokenizer, request, RenderOptions())
 
 
 @pytest.mark.anyio
 async def test_override_template_and_kwargs() -> None:
     request = messages({"role": "user", "content": "hi"})
-    options = RenderOptions(
-        chat_template="[{{ messages[0].content }}|{{ flavour }}]",
-        chat_template_kwargs={"flavour": "x", "tokenize": True},
+    options = RenderOptions(chat_template_kwargs={"flavour": "x", "tokenize": True})
+    prompt = await render_chat_prompt(
+        FakeTokenizer(), request, options, chat_template="[{{ messages[0].content }}|{{ flavour }}]"
     )
-    prompt = await render_chat_prompt(FakeTokenizer(), request.messages, None, options)
     assert prompt.text == "[hi|x]" and prompt.token_ids == list(b"[hi|x]")
 
 
@@ -74,7 +80,7 @@ async def test_override_template_and_kwargs() -> None:
 async def test_smollm2_template_has_one_bos(smollm2_tokenizer) -> None:
     tokenizer = smollm2_tokenizer
     request = messages({"role": "user", "content": "Hi"})
-    prompt = await render_chat_prompt(tokenizer, request.messages, None, RenderOptions())
+    prompt = await render_chat_prompt(tokenizer, request, RenderOptions())
     im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert prompt.token_ids[0] == im_start and prompt.token_ids[1] != im_start
     assert prompt.text.endswith("<|im_start|>assistant\n")

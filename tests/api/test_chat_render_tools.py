@@ -8,9 +8,13 @@ from typing import Any
 import pytest
 from api_support import FakeTokenizer
 
-from api.chat_render import RenderOptions, render_chat_prompt
-from api.chat_template_select import conversation_uses_tools, pick_chat_template, template_mentions_tools
-from api.protocol.chat_request import ChatCompletionRequest
+from api.chat.protocol import ChatCompletionRequest
+from api.config import ServerConfig
+from api.generation.inputs import GenerationInputs
+from api.generation.render import ChatPrompt, render_prompt
+from api.generation.template_select import conversation_uses_tools, pick_chat_template, template_mentions_tools
+from api.protocol.conversation import conversation, tool_inputs
+from engine import SamplingParams
 from toolparsers import get_tool_parser
 from toolparsers.templates import template_path
 
@@ -70,6 +74,13 @@ def request(
     return ChatCompletionRequest.model_validate({"messages": messages, "tools": tools})
 
 
+async def render_chat_prompt(tokenizer: Any, body: ChatCompletionRequest) -> ChatPrompt:
+    """The prompt chat renders for `body` on a server with the hermes tool-call format."""
+    tools = tool_inputs(body.tools, body.tool_choice, body.parallel_tool_calls)
+    inputs = GenerationInputs(conversation(body.messages), SamplingParams(), False, tools=tools)
+    return await render_prompt(tokenizer, ServerConfig(tool_call_parser="hermes"), inputs)
+
+
 def test_template_choice_rules() -> None:
     hermes = template_path("hermes_tools").read_text(encoding="utf-8")
     plain = "{{ messages }}"
@@ -80,8 +91,8 @@ def test_template_choice_rules() -> None:
     assert pick_chat_template(plain, "OVERRIDE", True, "hermes") == "OVERRIDE"
     assert pick_chat_template(plain, None, True, "mistral") is None
     assert not template_mentions_tools(None)
-    assert conversation_uses_tools(request(LOOP).messages)
-    assert not conversation_uses_tools(request(LOOP[:2]).messages)
+    assert conversation_uses_tools(conversation(request(LOOP).messages))
+    assert not conversation_uses_tools(conversation(request(LOOP[:2]).messages))
 
 
 @pytest.mark.anyio
@@ -89,9 +100,7 @@ async def test_multi_turn_loop_with_the_fake_tokenizer() -> None:
     tokenizer = FakeTokenizer()
     tokenizer.chat_template = "{{ messages }}"  # ignores tools
     body = request(LOOP, TOOLS)
-    prompt = await render_chat_prompt(
-        tokenizer, body.messages, body.tools, RenderOptions(tool_call_parser="hermes")
-    )
+    prompt = await render_chat_prompt(tokenizer, body)
     assert prompt.text.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
     assert prompt.text.endswith(EXPECTED_TAIL)
 
@@ -106,9 +115,7 @@ def smollm2(smollm2_tokenizer) -> Any:
 async def test_smollm2_multi_turn_tool_loop(smollm2: Any) -> None:
     assert not template_mentions_tools(smollm2.chat_template)
     body = request(LOOP, TOOLS)
-    prompt = await render_chat_prompt(
-        smollm2, body.messages, body.tools, RenderOptions(tool_call_parser="hermes")
-    )
+    prompt = await render_chat_prompt(smollm2, body)
     assert prompt.text.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
     assert '{"type": "function", "function": {"name": "get_weather"' in prompt.text
     assert prompt.text.endswith(EXPECTED_TAIL)
@@ -126,5 +133,5 @@ async def test_smollm2_multi_turn_tool_loop(smollm2: Any) -> None:
     ]
     # no tools anywhere: SmolLM2's own template, unchanged
     plain = request([{"role": "user", "content": "Hi"}])
-    own = await render_chat_prompt(smollm2, plain.messages, None, RenderOptions(tool_call_parser="hermes"))
+    own = await render_chat_prompt(smollm2, plain)
     assert own.text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")

@@ -1,0 +1,51 @@
+"""The api's own exception types (no HTTP here: `api/http/errors.py` maps each to a status and body).
+
+Every one carries a client-safe `message` and `param`, the request field at fault (or None).
+"""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    """Base of the api's own exceptions. `param` names the request field at fault, if any."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(ApiError):
+    """The body is malformed, of the wrong type or out of range (400)."""
+
+
+class NotSupported(ApiError):
+    """A well-formed request asks for something this server does not do (yet) (400)."""
+
+
+class ModelNotFound(ApiError):
+    """`model` names neither a served model nor an adapter (404)."""
+
+
+class ResponseNotFound(ApiError):
+    """No stored response has this id (never stored, stored with `store: false`, or deleted) (404)."""
+
+
+class PreviousResponseNotFound(ResponseNotFound):
+    """`previous_response_id` names no stored response (404, code previous_response_not_found)."""
+
+
+class AuthenticationFailed(ApiError):
+    """Missing or wrong `Authorization: Bearer` key (401)."""
+
+
+class RequestAborted(ApiError):
+    """The engine ended the request without finishing it (shutdown, 503)."""
+
+
+class ClientDisconnected(ApiError):
+    """The client went away before the answer; nothing is sent back."""
+
+
+class ServerShuttingDown(ApiError):
+    """The server is draining before it exits and takes no new requests (503, Retry-After)."""
