@@ -215,7 +215,7 @@ class AsyncEngine:
 
     def _add(self, request: EngineRequest) -> None:
         try:
-            self.engine.add_request(request)
+            self.engine.add_request(request, validated=True)   # generate() validated it
             self._deadlines.add(request.request_id, request.arrival_time)
         except Exception as exc:  # noqa: BLE001 - reported to the request, the engine goes on
             logger.warning("request %s rejected: %s", request.request_id, exc)

@@ -80,7 +80,7 @@ class LLMEngine:
 
     def validate(self, request: EngineRequest) -> None:
         """Raise ContextLengthExceeded / InvalidSamplingParams / LoraAdapterNotFound (an adapter name
-        that is not loaded) for a request that cannot run."""
+        that is not loaded) for a request that cannot run on this model; any thread, no side effects."""
         num_prompt = len(request.prompt_token_ids)
         if num_prompt == 0:
             raise InvalidSamplingParams("the prompt is empty", param="prompt")
@@ -95,8 +95,6 @@ class LLMEngine:
             raise InvalidSamplingParams(f"prompt token ids must be in [0, {vocab})", param="prompt")
         if any(not 0 <= t < vocab for t in request.sampling_params.logit_bias):
             raise InvalidSamplingParams(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
-        if request.request_id in self.requests:
-            raise InvalidSamplingParams(f"duplicate request id {request.request_id}", param="request_id")
         if request.lora_name is not None and (self.lora is None or not self.lora.registry.has(request.lora_name)):
             raise LoraAdapterNotFound(f"The model `{request.lora_name}` does not exist.", param="model")
 
@@ -133,9 +131,17 @@ class LLMEngine:
             raise LoraNotEnabled("LoRA is off; start the server with --enable-lora")
         return self.lora.registry
 
-    def add_request(self, request: EngineRequest) -> None:
-        """Validate and queue a request: one Sequence per choice (n)."""
-        self.validate(request)
+    def add_request(self, request: EngineRequest, validated: bool = False) -> None:
+        """Validate and queue a request: one Sequence per choice (n).
+
+        `validated`: the caller has run `validate(request)` already (AsyncEngine.generate does, on
+        the event loop, so a bad request fails before it is queued); it is not checked twice.
+        Raises what `validate` raises.
+        """
+        if not validated:
+            self.validate(request)
+        if request.request_id in self.requests:   # a fact of this thread's state, checked here
+            raise InvalidSamplingParams(f"duplicate request id {request.request_id}", param="request_id")
         params = request.sampling_params
         adapter_id = 0
         if request.lora_name is not None and self.lora is not None:

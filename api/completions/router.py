@@ -1,29 +1,25 @@
-"""POST /v1/completions."""
+"""POST /v1/completions: tokenize the prompts, build their engine requests, answer (JSON or SSE)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from functools import partial
 
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from api.http.auth import require_api_key
 from api.completions.output import CompletionOutputOptions, completion, completion_chunks
 from api.completions.prompts import tokenize_prompts
+from api.completions.protocol import CompletionRequest
+from api.completions.translate import CompletionTarget, check_best_of_and_echo, engine_requests
 from api.context import Context
-from api.errors import InvalidRequest, NotSupported
 from api.generation.constraints import grammar_errors_name
-from api.generation.prepare import resolve_max_tokens
+from api.http.auth import require_api_key
+from api.http.body import read_body
 from api.protocol.format_grammar import format_grammar
 from api.protocol.logprobs_output import LogprobFormatter
-from api.completions.protocol import CompletionRequest
-from api.http.body import read_body
 from api.protocol.response_meta import ResponseMeta
-from api.protocol.sampling import sampling_params_from_request
 from api.streaming.respond import respond
-from engine import EngineRequest
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -33,7 +29,7 @@ async def create_completion(request: Request, context: Context) -> Response:
     """Tokenize the prompt(s), generate `n` choices each, and answer as text_completion or SSE chunks."""
     body = await read_body(request, CompletionRequest)
     model = context.resolve_model(body.model)
-    _check_best_of_and_echo(body)
+    check_best_of_and_echo(body)
     grammar = await asyncio.to_thread(format_grammar, body)
     engine = context.engine
     prompts = await tokenize_prompts(
@@ -43,29 +39,10 @@ async def create_completion(request: Request, context: Context) -> Response:
         add_special_tokens=body.add_special_tokens is not False,
     )
     meta = ResponseMeta.new("cmpl", model.name)
-    engine_requests = []
-    for i, prompt in enumerate(prompts):
-        max_tokens = resolve_max_tokens(
-            body.max_tokens,
-            len(prompt.token_ids),
-            engine.max_model_len,
-            "prompt" if len(prompts) == 1 else f"prompt[{i}]",
-        )
-        params = sampling_params_from_request(
-            body, max_tokens=max_tokens, logprobs=body.logprobs, vocab_size=engine.vocab_size
-        )
-        request_id = meta.id if len(prompts) == 1 else f"{meta.id}-{i}"
-        engine_requests.append(
-            EngineRequest(
-                request_id,
-                prompt.token_ids,
-                params,
-                grammar.spec if grammar is not None else None,
-                model.lora_name,
-                time.monotonic(),
-                close_grammar=grammar is not None and context.config.close_structured_outputs,
-            )
-        )
+    target = CompletionTarget(
+        meta.id, model.lora_name, engine.max_model_len, engine.vocab_size, context.config.close_structured_outputs
+    )
+    requests = engine_requests(body, prompts, grammar, target)
     output_options = CompletionOutputOptions(
         n=body.n or 1,
         echo=bool(body.echo),
@@ -78,18 +55,9 @@ async def create_completion(request: Request, context: Context) -> Response:
         return await respond(
             request,
             context,
-            engine_requests,
+            requests,
             bool(body.stream),
             chunks=partial(completion_chunks, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
             whole=partial(completion, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
         )
 
-
-def _check_best_of_and_echo(body: CompletionRequest) -> None:
-    n = body.n or 1
-    if body.best_of is not None and body.best_of < n:
-        raise InvalidRequest(f"best_of ({body.best_of}) must be >= n ({n})", param="best_of")
-    if body.best_of is not None and body.best_of > n:
-        raise NotSupported("best_of greater than n is not supported", param="best_of")
-    if body.echo and body.logprobs is not None:
-        raise NotSupported("echo together with logprobs (prompt logprobs) is not supported", param="echo")
