@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions, whole responses (streaming: test_api_streaming.py)."""
+"""POST /v1/chat/completions, whole responses (streaming: test_chat_streaming.py)."""
 
 from __future__ import annotations
 
