@@ -12,11 +12,8 @@ from api.protocol.common import ResponseModel, SparseResponseModel, Usage
 from api.protocol.logprobs import ChoiceLogprobs
 from api.protocol.messages import ChatMessage, Tool, ToolCall, ToolChoice
 from api.protocol.sampling_fields import SamplingFields
+from api.protocol.validators import reject_when_set
 
-
-
-def _not_supported(field: str) -> PydanticCustomError:
-    return PydanticCustomError("not_supported", "'{field}' is not supported by this server", {"field": field})
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -66,12 +63,7 @@ class ChatCompletionRequest(SamplingFields):
             )
         return value
 
-    @field_validator("audio", "web_search_options", "functions", "function_call")
-    @classmethod
-    def _unsupported(cls, value: Any, info: Any) -> Any:
-        if value is not None:
-            raise _not_supported(info.field_name)
-        return value
+    _unsupported = field_validator("audio", "web_search_options", "functions", "function_call")(reject_when_set)
 
     def requested_max_tokens(self) -> int | None:
         """`max_completion_tokens`, else the deprecated `max_tokens`, else None (rest of context)."""

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel, RequestModel
+from api.protocol.validators import Stop, not_supported, reject_when_set
 from api.responses.protocol.items import InputItem
 
 _MAX_METADATA_PAIRS = 16
@@ -131,10 +132,6 @@ class TextConfig(NestedModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-def _not_supported(field: str) -> PydanticCustomError:
-    return PydanticCustomError("not_supported", "'{field}' is not supported by this server", {"field": field})
-
-
 class ResponsesRequest(RequestModel):
     """POST /v1/responses (see the module docstring for what is served, ignored and refused)."""
 
@@ -170,7 +167,7 @@ class ResponsesRequest(RequestModel):
     prompt: dict[str, Any] | None = None
     context_management: list[Any] | None = None
     # vLLM extensions
-    stop: str | list[str] | None = None
+    stop: Stop = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
 
     @field_validator("metadata")
@@ -180,27 +177,16 @@ class ResponsesRequest(RequestModel):
             raise PydanticCustomError("invalid_value", "metadata holds at most 16 key-value pairs")
         return value
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else (value or [])
-        if any(not s for s in stops):
-            raise PydanticCustomError("invalid_value", "stop strings must be non-empty")
-        return value
-
     @field_validator("top_logprobs")
     @classmethod
     def _no_logprobs(cls, value: int | None) -> int | None:
         if value:
-            raise _not_supported("top_logprobs")
+            raise not_supported("top_logprobs")
         return value
 
-    @field_validator("max_tool_calls", "conversation", "prompt", "context_management")
-    @classmethod
-    def _unsupported(cls, value: Any, info: Any) -> Any:
-        if value is not None:
-            raise _not_supported(info.field_name)
-        return value
+    _unsupported = field_validator("max_tool_calls", "conversation", "prompt", "context_management")(
+        reject_when_set
+    )
 
     def stop_list(self) -> tuple[str, ...]:
         """`stop` as a tuple (a single string becomes one element)."""
