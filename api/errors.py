@@ -5,6 +5,8 @@ Every one carries a client-safe `message` and `param`, the request field at faul
 
 from __future__ import annotations
 
+from constrained.errors import GrammarError
+
 
 class ApiError(Exception):
     """Base of the api's own exceptions. `param` names the request field at fault, if any."""
@@ -49,3 +51,13 @@ class ClientDisconnected(ApiError):
 
 class ServerShuttingDown(ApiError):
     """The server is draining before it exits and takes no new requests (503, Retry-After)."""
+
+
+class RequestGrammarError(ApiError):
+    """A grammar backend could not compile the grammar a request field asked for: `param` names
+    that field (e.g. "response_format.json_schema.schema"), recorded with the grammar when the
+    request was translated; `cause`, the backend's error, decides the status and code."""
+
+    def __init__(self, cause: GrammarError, param: str) -> None:
+        super().__init__(cause.message, param)
+        self.cause = cause

@@ -12,7 +12,6 @@ from api.chat.output import ChatOutputOptions, chat_chunks, chat_completion
 from api.chat.protocol import ChatCompletionRequest
 from api.chat.translate import translate
 from api.context import Context
-from api.generation.constraints import grammar_errors_name
 from api.generation.prepare import prepare
 from api.http.auth import require_api_key
 from api.http.body import read_body
@@ -43,12 +42,12 @@ async def create_chat_completion(request: Request, context: Context) -> Response
         on_tool_calls=tool_call_counter(request, tool_calling),
     )
     fmt = LogprobFormatter(engine.tokenizer)
-    with grammar_errors_name(generation.constraints.grammar):
-        return await respond(
-            request,
-            context,
-            [generation.engine_request],
-            chat.stream,
-            chunks=partial(chat_chunks, meta=meta, options=options, fmt=fmt),
-            whole=partial(chat_completion, meta=meta, options=options, fmt=fmt),
-        )
+    return await respond(
+        request,
+        context,
+        [generation.engine_request],
+        chat.stream,
+        chunks=partial(chat_chunks, meta=meta, options=options, fmt=fmt),
+        whole=partial(chat_completion, meta=meta, options=options, fmt=fmt),
+        grammar_param=generation.constraints.grammar_param,
+    )

@@ -13,7 +13,6 @@ from api.completions.prompts import tokenize_prompts
 from api.completions.protocol import CompletionRequest
 from api.completions.translate import CompletionTarget, check_best_of_and_echo, engine_requests
 from api.context import Context
-from api.generation.constraints import grammar_errors_name
 from api.http.auth import require_api_key
 from api.http.body import read_body
 from api.protocol.format_grammar import format_grammar
@@ -51,13 +50,13 @@ async def create_completion(request: Request, context: Context) -> Response:
         continuous_usage=body.continuous_usage(),
     )
     fmt = LogprobFormatter(engine.tokenizer)
-    with grammar_errors_name(grammar):
-        return await respond(
-            request,
-            context,
-            requests,
-            bool(body.stream),
-            chunks=partial(completion_chunks, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
-            whole=partial(completion, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
-        )
+    return await respond(
+        request,
+        context,
+        requests,
+        bool(body.stream),
+        chunks=partial(completion_chunks, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
+        whole=partial(completion, meta=meta, prompts=prompts, options=output_options, fmt=fmt),
+        grammar_param=grammar.param if grammar is not None else None,
+    )
 

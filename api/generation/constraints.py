@@ -16,10 +16,8 @@ with a forced call, is a 400 conflict. Each grammar keeps the request field it c
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +34,6 @@ from api.generation.inputs import (
 )
 from api.generation.json_schema_check import check_json_schema
 from api.tool_format_grammar import answer_or_calls_grammar
-from constrained.errors import GrammarError
 from constrained.registry import GRAMMAR_BACKENDS
 from constrained.spec import GrammarKind, GrammarSpec
 from engine import SamplingParams
@@ -74,6 +71,11 @@ class Constraints:
     tool_calling: ToolCalling | None = None
     keep_special_tokens: bool = False
     close_grammar: bool = False
+
+    @property
+    def grammar_param(self) -> str | None:
+        """The request field the grammar came from (None without a grammar)."""
+        return self.grammar.param if self.grammar is not None else None
 
     def sampling(self, params: SamplingParams) -> SamplingParams:
         """`params` with skip_special_tokens False when the tool parser needs its control-token markers."""
@@ -237,18 +239,6 @@ def with_options(spec: GrammarSpec, options: GrammarOptions | None) -> GrammarSp
         any_whitespace=options.any_whitespace,
         additional_properties=options.additional_properties,
     )
-
-
-@contextlib.contextmanager
-def grammar_errors_name(grammar: RequestGrammar | None) -> Iterator[None]:
-    """Within the block, a GrammarError (a backend could not compile the request's grammar) gets
-    `param` = the request field the grammar came from, e.g. "response_format.json_schema.schema"."""
-    try:
-        yield
-    except GrammarError as exc:
-        if grammar is not None:
-            exc.param = grammar.param
-        raise
 
 
 def _parser_choice(choice: ToolChoice) -> ParserToolChoice:

@@ -24,6 +24,7 @@ from api.errors import (
     NotSupported,
     PreviousResponseNotFound,
     RequestAborted,
+    RequestGrammarError,
     ResponseNotFound,
     ServerShuttingDown,
 )
@@ -79,7 +80,10 @@ _CLIENT_SAFE = (ApiError, EngineError, GrammarError, ToolParserError, LoraError)
 
 
 def error_status(exc: BaseException) -> tuple[int, str, str | None]:
-    """(status, type, code) of `exc`: the entry of its nearest class in ERROR_STATUS, else a 500."""
+    """(status, type, code) of `exc`: the entry of its nearest class in ERROR_STATUS, else a 500
+    (a RequestGrammarError: the entry of its cause)."""
+    if isinstance(exc, RequestGrammarError):
+        exc = exc.cause
     for cls in type(exc).__mro__:
         if cls in ERROR_STATUS:
             return ERROR_STATUS[cls]

@@ -67,14 +67,19 @@ class BackgroundResponses:
 
 
 async def run_in_background(
-    engine: EngineClient, request: EngineRequest, run: ResponseRun, tracker: StreamTracker | None = None
+    engine: EngineClient,
+    request: EngineRequest,
+    run: ResponseRun,
+    tracker: StreamTracker | None = None,
+    grammar_param: str | None = None,
 ) -> None:
     """Generate the response of `request`, storing each status it reaches (see the module docstring).
 
     A failure is stored as status "failed" with the client-safe error message. `tracker` sees the
-    outputs (metrics, and the log line, which it should hold until the generation ends).
+    outputs (metrics, and the log line, which it should hold until the generation ends);
+    `grammar_param` names the request field of its grammar in a compile failure.
     """
-    group = StreamGroup([EngineStream(engine, request, tracker)])
+    group = StreamGroup([EngineStream(engine, request, tracker, grammar_param)])
     try:
         await group.start()
         await run.save(run.snapshot("in_progress"))

@@ -19,7 +19,6 @@ from api.http.auth import require_api_key
 from api.generation.prepare import prepare
 from api.context import Context
 from api.errors import InvalidRequest, NotSupported, PreviousResponseNotFound, ResponseNotFound
-from api.generation.constraints import grammar_errors_name
 from api.responses.protocol.objects import InputItemList, ResponseDeleted
 from api.responses.protocol.request import ResponsesRequest
 from api.http.body import read_body
@@ -58,6 +57,7 @@ async def create_response(request: Request, context: Context, responses: Respons
     translated = await asyncio.to_thread(translate, body, history, model.lora_name, engine.max_model_len)
     response_id = f"resp_{uuid.uuid4().hex}"
     generation = await prepare(engine.tokenizer, engine.max_model_len, context.config, response_id, translated.inputs)
+    grammar_param = generation.constraints.grammar_param
     run = ResponseRun(
         initial=initial_response(body, response_id, model.name),
         input_items_json=items_json(translated.input_items),
@@ -71,19 +71,20 @@ async def create_response(request: Request, context: Context, responses: Respons
         await run.save(queued)
         tracker = track(request, generation.engine_request, hold_record=True)
         responses.background.start(
-            response_id, run_in_background(context.engine, generation.engine_request, run, tracker)
+            response_id,
+            run_in_background(context.engine, generation.engine_request, run, tracker, grammar_param),
         )
         return Response(queued.model_dump_json(), media_type=_JSON)
-    with grammar_errors_name(generation.constraints.grammar):
-        return await respond(
-            request,
-            context,
-            [generation.engine_request],
-            bool(body.stream),
-            chunks=partial(response_events, run=run),
-            whole=partial(whole_response, run=run),
-            sse=sse_typed_events,
-        )
+    return await respond(
+        request,
+        context,
+        [generation.engine_request],
+        bool(body.stream),
+        chunks=partial(response_events, run=run),
+        whole=partial(whole_response, run=run),
+        sse=sse_typed_events,
+        grammar_param=grammar_param,
+    )
 
 
 @router.get("/v1/responses/{response_id}")

@@ -9,8 +9,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from api.context import EngineClient
-from api.errors import RequestAborted
+from api.errors import RequestAborted, RequestGrammarError
 from api.observability.stream_tracker import StreamTracker
+from constrained.errors import GrammarError
 from engine import EngineRequest, RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -25,10 +26,14 @@ class EngineStream:
     RequestAborted: the engine gave up on the request (e.g. shutdown).
 
     `tracker`, when given, sees every output as it arrives, every failure, and the close.
+    `grammar_param`: the request field the request's grammar came from; a compile failure of that
+    grammar is raised as RequestGrammarError naming it.
     """
 
-    def __init__(self, engine: EngineClient, request: EngineRequest, tracker: StreamTracker | None = None) -> None:
+    def __init__(self, engine: EngineClient, request: EngineRequest, tracker: StreamTracker | None = None,
+                 grammar_param: str | None = None) -> None:
         self.engine = engine
+        self.grammar_param = grammar_param
         self.request_id = request.request_id
         self.finished = False
         self.tracker = tracker
@@ -76,6 +81,8 @@ class EngineStream:
         except Exception as exc:  # only noted for the log line; the caller handles it
             if self.tracker is not None:
                 self.tracker.failed(exc)
+            if isinstance(exc, GrammarError) and self.grammar_param is not None:
+                raise RequestGrammarError(exc, self.grammar_param) from exc
             raise
         if self.tracker is not None:
             self.tracker.on_output(out)

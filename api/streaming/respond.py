@@ -30,9 +30,11 @@ async def respond(
     chunks: Callable[[Outputs], AsyncIterator[BaseModel]],
     whole: Callable[[Outputs], Awaitable[BaseModel]],
     sse: SseEncoder = sse_data,
+    grammar_param: str | None = None,
 ) -> Response:
     """Submit `engine_requests` and answer: SSE of `chunks(outputs)` when `stream`, else the JSON of
     `whole(outputs)`. `sse` frames the streamed objects (default: `data:` chunks and [DONE]).
+    `grammar_param` names the request field of the requests' grammar in a compile failure.
 
     The first output is awaited before any byte is sent, so engine errors raised before it are
     ordinary HTTP errors. A client that disconnects (before the first output, during a whole
@@ -40,7 +42,9 @@ async def respond(
     feed the app's latency metrics and the request's log record (`api/observability/stream_tracker.py`).
     """
     request_id = getattr(request.state, "request_id", "-")
-    group = StreamGroup([EngineStream(context.engine, r, track(request, r)) for r in engine_requests])
+    group = StreamGroup(
+        [EngineStream(context.engine, r, track(request, r), grammar_param) for r in engine_requests]
+    )
     try:
         await cancel_on_disconnect(request.receive, group.start(), request_id)
     except BaseException:

@@ -233,6 +233,7 @@ async def test_backend_compile_failure_is_400_naming_the_field(
         "code": "invalid_grammar",
     }
     assert engine.completed == []
+    assert engine.grammar_error.param == "json_schema"  # the field is named by a new error, not patched in
     engine.grammar_error = None
     assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
 
