@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ValidationInfo
@@ -29,3 +30,19 @@ def _non_empty_stops(value: str | list[str] | None) -> str | list[str] | None:
 
 Stop = Annotated[str | list[str] | None, AfterValidator(_non_empty_stops)]
 """`stop`: one string or a list of strings, none of them empty."""
+
+
+def reject_type(message: str) -> Callable[[type, str], str]:
+    """A `type` field validator (`field_validator("type")(reject_type(...))`) that refuses every
+    value: not_supported with `message`, in which `{t}` is the type sent."""
+
+    def reject(cls: type, value: str) -> str:
+        raise PydanticCustomError("not_supported", message, {"t": value})
+
+    return reject
+
+
+def type_of(value: Any) -> Any:
+    """The `type` of a raw dict or a model, None when it has none: what the discriminators of
+    tagged unions read."""
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)

@@ -16,6 +16,7 @@ from pydantic import Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel
+from api.protocol.validators import type_of
 
 SUPPORTED_ITEM_TYPES = ("message", "function_call", "function_call_output")
 _TEXT_PART_TYPES = ("input_text", "output_text")
@@ -58,7 +59,7 @@ class UnsupportedPart(NestedModel):
 
 
 def _part_tag(value: Any) -> str | None:
-    part_type = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    part_type = type_of(value)
     if part_type is None:
         return None
     if part_type in _TEXT_PART_TYPES:

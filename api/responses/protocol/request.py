@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel, RequestModel
-from api.protocol.validators import Stop, not_supported, reject_when_set
+from api.protocol.validators import Stop, not_supported, reject_type, reject_when_set, type_of
 from api.responses.protocol.items import InputItem
 
 _MAX_METADATA_PAIRS = 16
@@ -37,18 +37,13 @@ class UnsupportedTool(NestedModel):
 
     type: str
 
-    @field_validator("type")
-    @classmethod
-    def _reject(cls, value: str) -> str:
-        raise PydanticCustomError(
-            "not_supported",
-            "tool type '{t}' is not supported by this server; only 'function' tools are",
-            {"t": value},
-        )
+    _reject = field_validator("type")(
+        reject_type("tool type '{t}' is not supported by this server; only 'function' tools are")
+    )
 
 
 def _type_tag(value: Any) -> str | None:
-    tag = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    tag = type_of(value)
     if tag is None:
         return None
     return "function" if tag == "function" else "other"
@@ -72,14 +67,9 @@ class UnsupportedToolChoice(NestedModel):
 
     type: str
 
-    @field_validator("type")
-    @classmethod
-    def _reject(cls, value: str) -> str:
-        raise PydanticCustomError(
-            "not_supported",
-            "tool_choice type '{t}' is not supported; send none, auto, required or a function",
-            {"t": value},
-        )
+    _reject = field_validator("type")(
+        reject_type("tool_choice type '{t}' is not supported; send none, auto, required or a function")
+    )
 
 
 def _choice_tag(value: Any) -> str | None:
