@@ -12,17 +12,9 @@ from typing import Any, Literal
 
 from constrained.spec import GrammarSpec
 from engine import SamplingParams
+from toolparsers import ToolCall
 
 Role = Literal["system", "user", "assistant", "tool"]
-
-
-@dataclass(frozen=True, slots=True)
-class PastToolCall:
-    """A tool call the assistant made earlier in the conversation; `arguments` is JSON text."""
-
-    id: str
-    name: str
-    arguments: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +26,7 @@ class Message:
     role: Role
     content: str = ""
     name: str | None = None
-    tool_calls: tuple[PastToolCall, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()   # the calls of an earlier assistant turn
     tool_call_id: str | None = None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api.generation.inputs import Message, NamedTool, PastToolCall, ToolChoice, ToolInputs
+from api.generation.inputs import Message, NamedTool, ToolChoice, ToolInputs
 from api.generation.inputs import FunctionTool as ToolInput
 from api.protocol.messages import (
     AssistantMessage,
@@ -17,6 +17,7 @@ from api.protocol.messages import (
     ToolMessage,
 )
 from api.protocol.messages import ToolChoice as ChatToolChoice
+from toolparsers import ToolCall
 
 
 def conversation(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
@@ -27,10 +28,10 @@ def conversation(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
 
 def _message(message: ChatMessage) -> Message:
     role = "system" if isinstance(message, DeveloperMessage) else message.role
-    calls: tuple[PastToolCall, ...] = ()
+    calls: tuple[ToolCall, ...] = ()
     if isinstance(message, AssistantMessage) and message.tool_calls:
         calls = tuple(
-            PastToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
+            ToolCall(id=call.id, name=call.function.name, arguments=call.function.arguments)
             for call in message.tool_calls
         )
     return Message(

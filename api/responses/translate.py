@@ -33,7 +33,6 @@ from api.generation.inputs import (
     GenerationInputs,
     Message,
     NamedTool,
-    PastToolCall,
     RenderOptions,
     RequestGrammar,
     ToolChoice,
@@ -57,6 +56,7 @@ from api.responses.protocol.request import (
 )
 from api.responses.protocol.request import FunctionTool as ResponsesFunctionTool
 from engine import SamplingParams
+from toolparsers import ToolCall
 
 _ITEMS = TypeAdapter(list[InputItem])
 
@@ -132,7 +132,7 @@ def items_to_messages(items: Sequence[InputItem]) -> list[Message]:
             role = "system" if item.role == "developer" else item.role
             messages.append(Message(role=role, content=item.text()))  # type: ignore[arg-type]
         elif isinstance(item, FunctionCallItem):
-            call = PastToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
+            call = ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":
                 messages[-1] = dataclasses.replace(last, tool_calls=(*last.tool_calls, call))

@@ -7,7 +7,10 @@ import asyncio
 import codecs
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
+
+import httpx
 
 from engine.errors import ContextLengthExceeded, EngineDeadError, EngineOverloaded
 from engine.request import CompletionDelta, EngineRequest, RequestOutput, TokenLogprob
@@ -209,3 +212,15 @@ def sse_json(text: str) -> list[dict[str, Any]]:
     assert payloads[-1] == "[DONE]"
     assert "[DONE]" not in payloads[:-1]
     return [json.loads(p) for p in payloads[:-1]]
+
+
+@asynccontextmanager
+async def sdk_client(app: Any) -> AsyncIterator[Any]:
+    """The official `openai.AsyncOpenAI` client talking to `app` over ASGI, without retries."""
+    import openai
+
+    http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    async with openai.AsyncOpenAI(
+        base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0
+    ) as client:
+        yield client

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from api_support import FakeEngine, chat_body, sse_json
+from api_support import FakeEngine, chat_body, sse_json, sdk_client
 from fastapi import FastAPI
 
 from engine.request import EngineRequest
@@ -65,11 +65,8 @@ def engine() -> FakeEngine:
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[openai.AsyncOpenAI]:
-    http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-    async with openai.AsyncOpenAI(
-        base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0
-    ) as c:
-        yield c
+    async with sdk_client(app) as client:
+        yield client
 
 
 def play(engine: FakeEngine, *texts: str) -> None:

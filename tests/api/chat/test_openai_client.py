@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 import uvicorn
-from api_support import FakeEngine
+from api_support import FakeEngine, sdk_client
 from fastapi import FastAPI
 
 from api.app import create_app
@@ -21,10 +21,7 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture
 async def async_openai(app: FastAPI) -> AsyncIterator[openai.AsyncOpenAI]:
-    http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-    async with openai.AsyncOpenAI(
-        base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0
-    ) as client:
+    async with sdk_client(app) as client:
         yield client
 
 

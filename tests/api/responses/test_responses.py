@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import FakeEngine
+from api_support import FakeEngine, sdk_client
 from fastapi import FastAPI
-from responses_support import GET_TIME, GET_WEATHER, call_text, play, prompt_of, sdk_client
+from responses_support import GET_TIME, GET_WEATHER, call_text, play, prompt_of
 
 from constrained.spec import GrammarKind
 

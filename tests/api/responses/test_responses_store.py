@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import FakeEngine
+from api_support import FakeEngine, sdk_client
 from fastapi import FastAPI
-from responses_support import GET_WEATHER, call_text, play, prompt_of, sdk_client
+from responses_support import GET_WEATHER, call_text, play, prompt_of
 
 from api.app import create_app
 from api.cli.serve import build_configs, build_parser

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import FakeEngine
+from api_support import FakeEngine, sdk_client
 from fastapi import FastAPI
 from openai.types.responses import (
     ResponseCompletedEvent,
@@ -23,7 +23,6 @@ from responses_support import (
     call_text,
     check_lifecycle,
     play,
-    sdk_client,
     typed_events,
     without_ids,
 )
