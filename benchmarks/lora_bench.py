@@ -18,7 +18,6 @@ import asyncio
 import importlib.util
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path

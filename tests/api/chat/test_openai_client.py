@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 
-import httpx
 import openai
 import pytest
 import uvicorn
