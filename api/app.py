@@ -28,7 +28,8 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     """Build the app around a started engine: OpenAI routes under /v1 (API key when configured),
     /tokenize, /detokenize, /health, /version; OpenAI error bodies; x-request-id on every response;
     503 for new requests once `app.state.drain` drains (`api/http/shutdown.py`); /metrics from
-    `app.state.metrics` (`api/observability/metrics.py`); one log line per generation request (`api/observability/request_log.py`);
+    `app.state.metrics` (`api/observability/metrics.py`); one log line per generation request
+    (`api/observability/request_log.py`);
     CORS only when `server_config.allowed_origins` is set; /openapi.json with the request bodies
     and error objects the routes really use (`api/http/openapi.py`).
 

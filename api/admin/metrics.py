@@ -14,7 +14,8 @@ router = APIRouter(dependencies=[Depends(require_metrics_key)])
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    """Render the app's registry (`api/observability/metrics.py`); the API key is needed with --protect-metrics."""
+    """Render the app's registry (`api/observability/metrics.py`); the API key is needed with
+    --protect-metrics."""
     serving = app_metrics(request)
     assert serving is not None, "create_app sets app.state.metrics"
     return Response(generate_latest(serving.registry), media_type=CONTENT_TYPE_LATEST)

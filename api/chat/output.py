@@ -90,7 +90,9 @@ async def chat_chunks(
                 for i, message in enumerate(_delta_messages(stream, delta, logprobs)):
                     yield chunk(delta.index, message, logprobs if i == 0 else None, usage=running)
                 if delta.finish_reason is not None:
-                    reason = stream.reader.finish_reason(delta.finish_reason) if stream else delta.finish_reason
+                    reason = delta.finish_reason
+                    if stream is not None:
+                        reason = stream.reader.finish_reason(reason)
                     yield chunk(delta.index, DeltaMessage(), finish_reason=reason, usage=running)
             last = out
     if options.include_usage and last is not None:
@@ -150,7 +152,9 @@ def _whole_choice(
         reader = OutputReader(tool_calling, options.on_tool_calls)
         read = reader.read_whole(text, cut=finish_reason == "length")
         calls = [
-            ToolCall(id=call.id, type="function", function=FunctionCall(name=call.name, arguments=call.arguments))
+            ToolCall(
+                id=call.id, type="function", function=FunctionCall(name=call.name, arguments=call.arguments)
+            )
             for call in read.tool_calls
         ]
         # content is None when calls were made and no other text was written

@@ -63,7 +63,9 @@ class ChatCompletionRequest(SamplingFields):
             )
         return value
 
-    _unsupported = field_validator("audio", "web_search_options", "functions", "function_call")(reject_when_set)
+    _unsupported = field_validator("audio", "web_search_options", "functions", "function_call")(
+        reject_when_set
+    )
 
     def requested_max_tokens(self) -> int | None:
         """`max_completion_tokens`, else the deprecated `max_tokens`, else None (rest of context)."""

@@ -23,7 +23,9 @@ class ChatRequest:
     continuous_usage: bool
 
 
-def translate(body: ChatCompletionRequest, adapter: str | None, vocab_size: int, max_model_len: int) -> ChatRequest:
+def translate(
+    body: ChatCompletionRequest, adapter: str | None, vocab_size: int, max_model_len: int
+) -> ChatRequest:
     """The generation inputs of `body` on `adapter` (None: the base model). Walks the response
     format's schema: call it off the event loop.
 
