@@ -27,6 +27,7 @@ serve: $(STAMP)
 	$(BIN)/structserve serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
 
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q --durations=20 -p no:cacheprovider tests
 
 bench: $(STAMP)

@@ -10,24 +10,28 @@ from starlette.middleware.cors import CORSMiddleware
 
 from api.config import ServerConfig
 from api.context import EngineClient, ServerContext
-from api.draining import DrainMiddleware, DrainState
-from api.errors import install_error_handlers
-from api.metrics import ServingMetrics
-from api.middleware import RequestIdMiddleware
-from api.openapi_schema import install_openapi
-from api.request_log import RequestLogMiddleware
-from api.responses_state import ResponsesState
-from api.responses_store import ResponsesStore
-from api.routes import chat, completions, health, lora, metrics, models, responses, tokenize
+from api.http.draining import DrainMiddleware, DrainState
+from api.http.errors import install_error_handlers
+from api.observability.metrics import ServingMetrics
+from api.http.middleware import RequestIdMiddleware
+from api.http.openapi import install_openapi
+from api.observability.request_log import RequestLogMiddleware
+from api.responses.state import ResponsesState
+from api.responses.store import ResponsesStore
+from api.admin import health, lora, metrics, models, tokenize
+from api.chat import router as chat
+from api.completions import router as completions
+from api.responses import router as responses
 
 
 def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     """Build the app around a started engine: OpenAI routes under /v1 (API key when configured),
     /tokenize, /detokenize, /health, /version; OpenAI error bodies; x-request-id on every response;
-    503 for new requests once `app.state.drain` drains (`api/shutdown.py`); /metrics from
-    `app.state.metrics` (`api/metrics.py`); one log line per generation request (`api/request_log.py`);
+    503 for new requests once `app.state.drain` drains (`api/http/shutdown.py`); /metrics from
+    `app.state.metrics` (`api/observability/metrics.py`); one log line per generation request
+    (`api/observability/request_log.py`);
     CORS only when `server_config.allowed_origins` is set; /openapi.json with the request bodies
-    and error objects the routes really use (`api/openapi_schema.py`).
+    and error objects the routes really use (`api/http/openapi.py`).
 
     Opens the responses store (`server_config.responses_db`; raises sqlite3.Error / OSError when it
     cannot). The app does not own the engine: whoever started it shuts it down. At shutdown the

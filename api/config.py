@@ -1,4 +1,4 @@
-"""The api's frozen configuration, built by `api/cli.py`."""
+"""The api's frozen configuration, built by `api/cli/serve.py`."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class ServerConfig:
         keeps them for the life of the process. The CLI default is `data/responses.sqlite3`.
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     shutdown_grace_s: seconds running requests get to finish after SIGTERM before they are aborted
-        (`api/shutdown.py`); raises ValueError when negative.
+        (`api/http/shutdown.py`); raises ValueError when negative.
     """
 
     host: str = "127.0.0.1"

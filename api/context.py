@@ -11,8 +11,8 @@ from fastapi import Depends, Request
 
 from api.config import ServerConfig
 from api.errors import ModelNotFound
-from engine.stats import EngineStats
-from engine.request import EngineRequest, RequestOutput
+from engine import EngineStats
+from engine import EngineRequest, RequestOutput
 from lora.registry import LoraAdapterInfo
 
 

@@ -10,7 +10,7 @@ request field at fault when the two cannot be joined.
 from __future__ import annotations
 
 from api.errors import InvalidRequest, NotSupported
-from api.grammar_from_request import RequestGrammar
+from api.generation.inputs import RequestGrammar
 from constrained.compose import answer_or_calls_spec
 from constrained.errors import NotComposable
 from constrained.spec import GrammarSpec

@@ -26,7 +26,8 @@ from constrained import (
     get_grammar_backend,
 )
 
-DEFAULT_DATA = "/work/shared/data/maskbench"
+# ../shared beside the checkout, as the tests read it
+DEFAULT_DATA = str(Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_VOCAB_SIZE = 49152
 

@@ -17,16 +17,13 @@ import argparse
 import asyncio
 import importlib.util
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from server_process import ServerProcess, start_server, stop_servers
+
 ALL_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -62,36 +59,16 @@ def make_adapters(out: Path, num: int, rank: int, targets: list[str]) -> tuple[P
     return gguf, folders
 
 
-def start_server(gguf: Path, folders: list[Path], rank: int, extra: list[str], log: Path) -> tuple[str, subprocess.Popen]:
-    """Start `structserve serve` with the adapters as ad0..adN on a free port; (base URL, process)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def start_lora_server(gguf: Path, folders: list[Path], rank: int, extra: list[str], log: Path) -> ServerProcess:
+    """Start `structserve serve` with the adapters as ad0..adN on a free port and wait until it is
+    healthy (`server_process.py`); SystemExit when it dies or is not healthy within 600 s."""
     modules = [f"ad{i}={folder}" for i, folder in enumerate(folders)]
-    cmd = [sys.executable, "-m", "api.cli", "serve", str(gguf), "--port", str(port), "--served-model-name", "base",
-           "--enable-lora", "--max-loras", str(len(folders)), "--max-lora-rank", str(rank),
-           "--lora-modules", *modules, "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return f"http://127.0.0.1:{port}", proc
-
-
-async def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 600.0) -> None:
-    """Poll /health until 200; SystemExit when the server dies or takes longer than `timeout_s`."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient() as client:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SystemExit(f"server exited with {proc.returncode}")
-            try:
-                if (await client.get(url + "/health", timeout=2)).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(1.0)
-    raise SystemExit("server did not become healthy")
+    args = [str(gguf), "--served-model-name", "base", "--enable-lora", "--max-loras", str(len(folders)),
+            "--max-lora-rank", str(rank), "--lora-modules", *modules, "--log-level", "warning", *extra]
+    try:
+        return start_server(args, log_path=log, timeout_s=600.0, poll_s=1.0)
+    except RuntimeError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 async def run_load(url: str, models: list[str], concurrency: int, max_tokens: int, salt: str) -> float:
@@ -206,13 +183,11 @@ def main() -> None:
         if args.in_process:
             print(json.dumps(bench_in_process(args, gguf, folders)))
             return
-        url, proc = start_server(gguf, folders, args.rank, args.server_args.split(), Path(tmp) / "server.log")
+        server = start_lora_server(gguf, folders, args.rank, args.server_args.split(), Path(tmp) / "server.log")
         try:
-            asyncio.run(wait_healthy(url, proc))
-            result = asyncio.run(bench(args, url, args.adapters))
+            result = asyncio.run(bench(args, server.url, args.adapters))
         finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+            stop_servers(server, timeout_s=60.0)
     print(json.dumps(result))
 
 

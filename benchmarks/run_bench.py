@@ -17,15 +17,15 @@ import dataclasses
 import importlib.util
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+
+from server_process import start_server, stop_servers
 
 ROOT = Path(__file__).resolve().parent.parent
 LOADS = {
@@ -47,26 +47,6 @@ LOADS = {
     "tools_c8_auto": ["--mode", "tools", "--tool-choice", "auto", "--concurrency", "8", "--requests", "16",
                       "--max-tokens", "128"],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1.0)
-    raise RuntimeError("server did not become healthy")
 
 
 def import_loadgen(bench_dir: Path) -> ModuleType:
@@ -108,19 +88,13 @@ class Served:
 @contextlib.contextmanager
 def served(server_args: list[str]) -> Iterator[Served]:
     """`structserve serve` (model name smollm2) on a free loopback port, healthy; yields a Served and
-    stops the server afterwards."""
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
+    stops the server afterwards (`server_process.py`: it also dies with this process)."""
     started = time.monotonic()
-    server = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port),
-                               "--served-model-name", "smollm2", *server_args],
-                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = start_server(["--served-model-name", "smollm2", *server_args], timeout_s=300.0, poll_s=1.0)
     try:
-        wait_healthy(base_url, server)
-        yield Served(base_url, server.pid, round(time.monotonic() - started, 2))
+        yield Served(server.url, server.proc.pid, round(time.monotonic() - started, 2))
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        stop_servers(server, timeout_s=60.0)
 
 
 def run_load(bench_dir: Path, base_url: str, model: str, args: list[str], salt: str) -> dict:

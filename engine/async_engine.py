@@ -19,7 +19,6 @@ from engine.request import EngineRequest, RequestOutput
 from engine.request_deadlines import RequestDeadlines
 from engine.stats import EngineStats
 from engine.threads import configure_threads
-from lora.errors import LoraNotEnabled
 from lora.registry import LoraAdapterInfo
 
 logger = logging.getLogger(__name__)
@@ -50,7 +49,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, model_name: str, model_path: str,
                  max_consecutive_failures: int = MAX_CONSECUTIVE_FAILURES) -> None:
         self.engine = engine
-        engine.structured.on_ready = self._wake
+        engine.set_grammar_ready_callback(self._wake)
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
         self.model_path = model_path
@@ -86,7 +85,7 @@ class AsyncEngine:
         max_model_len = loaded.max_model_len
         torch.manual_seed(config.seed)
         engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len)
-        engine.structured.compiler.warm_up()
+        engine.warm_up_grammars()
         logger.info("serving %s: dtype=%s, %.1fM parameters, KV cache %d blocks x %d tokens (%d tokens), "
                     "max_model_len %d", loaded.name, str(dtype).removeprefix("torch."), loaded.num_params / 1e6,
                     engine.runner.num_blocks, config.block_size, engine.runner.num_blocks * config.block_size,
@@ -162,26 +161,21 @@ class AsyncEngine:
     @property
     def lora_enabled(self) -> bool:
         """True when the engine serves LoRA adapters (--enable-lora)."""
-        return self.engine.lora is not None
+        return self.engine.lora_enabled
 
     def lora_adapters(self) -> list[LoraAdapterInfo]:
         """The loaded LoRA adapters in load order (empty when LoRA is off); any thread."""
-        lora = self.engine.lora
-        return [] if lora is None else lora.registry.adapters()
+        return self.engine.lora_adapters()
 
     async def load_lora_adapter(self, name: str, path: str, replace: bool = False) -> LoraAdapterInfo:
         """Read and validate the PEFT folder `path` in a worker thread and serve it as `name`.
         Raises LoraNotEnabled, InvalidLoraAdapter, LoraAdapterExists (unless `replace`)."""
-        if self.engine.lora is None:
-            raise LoraNotEnabled("LoRA is off; start the server with --enable-lora")
-        return await asyncio.to_thread(self.engine.lora.registry.load, name, path, None, replace)
+        return await asyncio.to_thread(self.engine.load_lora_adapter, name, path, replace)
 
     async def unload_lora_adapter(self, name: str) -> None:
         """Stop accepting `name` at once; returns when no request uses it any more (running ones
         finish on its weights). Raises LoraNotEnabled, LoraAdapterNotFound."""
-        if self.engine.lora is None:
-            raise LoraNotEnabled("LoRA is off; start the server with --enable-lora")
-        await asyncio.wrap_future(self.engine.lora.registry.unload(name))
+        await asyncio.wrap_future(self.engine.unload_lora_adapter(name))
 
     def abort(self, request_id: str) -> None:
         """Abort a request from any thread; its blocks are freed before the next step."""
@@ -221,7 +215,7 @@ class AsyncEngine:
 
     def _add(self, request: EngineRequest) -> None:
         try:
-            self.engine.add_request(request)
+            self.engine.add_request(request, validated=True)   # generate() validated it
             self._deadlines.add(request.request_id, request.arrival_time)
         except Exception as exc:  # noqa: BLE001 - reported to the request, the engine goes on
             logger.warning("request %s rejected: %s", request.request_id, exc)

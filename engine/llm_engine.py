@@ -23,8 +23,9 @@ from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FINISH_REASONS, Sequence, SeqStatus
 from engine.stats import EngineStats
 from engine.structured_output import StructuredOutputManager
-from lora.errors import LoraAdapterNotFound
+from lora.errors import LoraAdapterNotFound, LoraNotEnabled
 from lora.manager import LoraManager
+from lora.registry import LoraAdapterInfo, LoraRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class LLMEngine:
 
     def validate(self, request: EngineRequest) -> None:
         """Raise ContextLengthExceeded / InvalidSamplingParams / LoraAdapterNotFound (an adapter name
-        that is not loaded) for a request that cannot run."""
+        that is not loaded) for a request that cannot run on this model; any thread, no side effects."""
         num_prompt = len(request.prompt_token_ids)
         if num_prompt == 0:
             raise InvalidSamplingParams("the prompt is empty", param="prompt")
@@ -94,14 +95,53 @@ class LLMEngine:
             raise InvalidSamplingParams(f"prompt token ids must be in [0, {vocab})", param="prompt")
         if any(not 0 <= t < vocab for t in request.sampling_params.logit_bias):
             raise InvalidSamplingParams(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
-        if request.request_id in self.requests:
-            raise InvalidSamplingParams(f"duplicate request id {request.request_id}", param="request_id")
         if request.lora_name is not None and (self.lora is None or not self.lora.registry.has(request.lora_name)):
             raise LoraAdapterNotFound(f"The model `{request.lora_name}` does not exist.", param="model")
 
-    def add_request(self, request: EngineRequest) -> None:
-        """Validate and queue a request: one Sequence per choice (n)."""
-        self.validate(request)
+    def set_grammar_ready_callback(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` (from the compile pool's threads) whenever a grammar compile finishes, so
+        the thread stepping this engine can wake up for requests that were waiting for it."""
+        self.structured.on_ready = callback
+
+    def warm_up_grammars(self) -> None:
+        """Run the grammar backends' one-time setup now (blocking) instead of in the first request."""
+        self.structured.compiler.warm_up()
+
+    @property
+    def lora_enabled(self) -> bool:
+        """True when the engine serves LoRA adapters (EngineConfig.lora set)."""
+        return self.lora is not None
+
+    def lora_adapters(self) -> list[LoraAdapterInfo]:
+        """The loaded LoRA adapters in load order (empty when LoRA is off); any thread."""
+        return [] if self.lora is None else self.lora.registry.adapters()
+
+    def load_lora_adapter(self, name: str, path: str, replace: bool = False) -> LoraAdapterInfo:
+        """Read and validate the PEFT folder `path` and serve it as `name` (blocking, any thread).
+        Raises LoraNotEnabled, InvalidLoraAdapter, LoraAdapterExists (unless `replace`)."""
+        return self._lora_registry().load(name, path, None, replace)
+
+    def unload_lora_adapter(self, name: str) -> Future[None]:
+        """Stop accepting `name` at once; the future completes when no sequence uses it any more.
+        Raises LoraNotEnabled, LoraAdapterNotFound."""
+        return self._lora_registry().unload(name)
+
+    def _lora_registry(self) -> LoraRegistry:
+        if self.lora is None:
+            raise LoraNotEnabled("LoRA is off; start the server with --enable-lora")
+        return self.lora.registry
+
+    def add_request(self, request: EngineRequest, validated: bool = False) -> None:
+        """Validate and queue a request: one Sequence per choice (n).
+
+        `validated`: the caller has run `validate(request)` already (AsyncEngine.generate does, on
+        the event loop, so a bad request fails before it is queued); it is not checked twice.
+        Raises what `validate` raises.
+        """
+        if not validated:
+            self.validate(request)
+        if request.request_id in self.requests:   # a fact of this thread's state, checked here
+            raise InvalidSamplingParams(f"duplicate request id {request.request_id}", param="request_id")
         params = request.sampling_params
         adapter_id = 0
         if request.lora_name is not None and self.lora is not None:

@@ -1,7 +1,7 @@
 """Request fields shared by /v1/chat/completions and /v1/completions (OpenAI + vLLM extras).
 
 Every field is optional and nullable; null means the default, resolved in
-`api/sampling_from_request.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128).
+`api/protocol/sampling.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pydantic_core import PydanticCustomError
 from api.protocol.common import RequestModel, StreamOptions
 from api.protocol.messages import ResponseFormat
 from api.protocol.structured_outputs import StructuredOutputs
+from api.protocol.validators import Stop
 
 
 class SamplingFields(RequestModel):
@@ -26,7 +27,7 @@ class SamplingFields(RequestModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
-    stop: str | list[str] | None = None
+    stop: Stop = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -56,14 +57,6 @@ class SamplingFields(RequestModel):
                 raise PydanticCustomError(
                     "invalid_value", "logit_bias values must be in [-100, 100], got {bias}", {"bias": bias}
                 )
-        return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_non_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        stops = [value] if isinstance(value, str) else (value or [])
-        if any(not s for s in stops):
-            raise PydanticCustomError("invalid_value", "stop strings must be non-empty")
         return value
 
     @field_validator("stop_token_ids")

@@ -7,13 +7,15 @@ import asyncio
 import codecs
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+import httpx
 
 from engine.errors import ContextLengthExceeded, EngineDeadError, EngineOverloaded
-from engine.stats import EngineStats
 from engine.request import CompletionDelta, EngineRequest, RequestOutput, TokenLogprob
+from engine.stats import EngineStats
+from tests.byte_tokenizer import ByteTokenizer
 
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 CHAT_TEMPLATE = (
@@ -24,64 +26,12 @@ CHAT_TEMPLATE = (
 )
 
 
-class FakeTokenizer:
-    """Token id = UTF-8 byte value; 256.. are the special tokens. No BOS is added (like SmolLM2's GGUF)."""
+class FakeTokenizer(ByteTokenizer):
+    """The api tests' tokenizer (`tests/byte_tokenizer.py`): UTF-8 bytes, then SmolLM2's three
+    special tokens as 256.., and CHAT_TEMPLATE."""
 
     def __init__(self) -> None:
-        self.chat_template: str | None = CHAT_TEMPLATE
-        self.vocab_size = 256 + len(SPECIAL_TOKENS)
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = []
-        i = 0
-        while i < len(text):
-            special = next((s for s in SPECIAL_TOKENS if text.startswith(s, i)), None)
-            if special is not None:
-                ids.append(256 + SPECIAL_TOKENS.index(special))
-                i += len(special)
-            else:
-                ids.extend(text[i].encode("utf-8"))
-                i += 1
-        return ids
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
-        out, pending = [], bytearray()
-        for t in token_ids:
-            if t < 256:
-                pending.append(t)
-                continue
-            out.append(pending.decode("utf-8", errors="replace"))
-            pending = bytearray()
-            if not skip_special_tokens:
-                out.append(SPECIAL_TOKENS[t - 256])
-        out.append(pending.decode("utf-8", errors="replace"))
-        return "".join(out)
-
-    def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str]:
-        return [self.decode([t]) for t in token_ids]
-
-    def apply_chat_template(
-        self,
-        conversation: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        chat_template: str | None = None,
-        add_generation_prompt: bool = False,
-        continue_final_message: bool = False,
-        tokenize: bool = True,
-        **kwargs: Any,
-    ) -> str:
-        assert not tokenize
-        # like transformers: loopcontrols, and a `tojson` that returns plain (unescaped) text
-        env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(
-            value, ensure_ascii=False, indent=indent
-        )
-        text = env.from_string(chat_template or self.chat_template or "").render(
-            messages=conversation, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
-        )
-        if continue_final_message:
-            text = text[: text.rindex("<|im_end|>")]
-        return text
+        super().__init__(SPECIAL_TOKENS, chat_template=CHAT_TEMPLATE)
 
 
 class FakeEngine:
@@ -262,3 +212,15 @@ def sse_json(text: str) -> list[dict[str, Any]]:
     assert payloads[-1] == "[DONE]"
     assert "[DONE]" not in payloads[:-1]
     return [json.loads(p) for p in payloads[:-1]]
+
+
+@asynccontextmanager
+async def sdk_client(app: Any) -> AsyncIterator[Any]:
+    """The official `openai.AsyncOpenAI` client talking to `app` over ASGI, without retries."""
+    import openai
+
+    http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    async with openai.AsyncOpenAI(
+        base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0
+    ) as client:
+        yield client

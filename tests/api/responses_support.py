@@ -5,14 +5,9 @@ __init__.py.)"""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
-import openai
 from api_support import FakeEngine
-from fastapi import FastAPI
 
 from engine.request import EngineRequest
 
@@ -50,16 +45,6 @@ def play(engine: FakeEngine, *texts: str) -> None:
 def prompt_of(engine: FakeEngine, k: int = -1) -> str:
     """The decoded prompt of submitted request k."""
     return engine.tokenizer.decode(engine.requests[k].prompt_token_ids)
-
-
-@asynccontextmanager
-async def sdk_client(app: FastAPI) -> AsyncIterator[openai.AsyncOpenAI]:
-    """The official async client talking to `app` over ASGI, without retries."""
-    http_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
-    async with openai.AsyncOpenAI(
-        base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0
-    ) as client:
-        yield client
 
 
 def typed_events(text: str) -> list[dict[str, Any]]:

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmarks import server_process
+from benchmarks.server_process import ROOT, ServerProcess, free_port
+
 MODEL = "smollm2"
 
 
@@ -49,13 +45,8 @@ def _share_ssl_contexts() -> None:
 _share_ssl_contexts()
 
 
-@dataclass
-class Server:
-    """A running server: base URL (no /v1), its process and its log file."""
-
-    url: str
-    proc: subprocess.Popen
-    log_path: Path
+class Server(ServerProcess):
+    """A running server (`benchmarks/server_process.py`), with an openai client factory."""
 
     def client(self, **kwargs):
         import openai
@@ -63,19 +54,11 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0,
                              timeout=kwargs.pop("timeout", 600), **kwargs)
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 240.0,
                  threads: int | None = None) -> Server:
-    """Start `python -m api.cli serve` with `args` and wait until /health answers 200.
+    """Start `python -m api.cli serve` (SmolLM2 as "smollm2") with `args`, logging to `tmp`, and wait
+    until /health answers 200; it dies with the test run (`benchmarks/server_process.py`).
 
     `--num-threads` is `threads`, by default every core this process may use: a server measures
     its thread count at start-up, and a start that overlaps the test process's own work (another
@@ -83,39 +66,17 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeo
     Pass a smaller `threads` for servers that decode at the same time as another.
     """
     port = free_port()
-    log_path = tmp / f"server-{port}.log"
-    log = open(log_path, "w")
     num_threads = threads or len(os.sched_getaffinity(0))
-    cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096",
-           "--num-threads", str(num_threads), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return Server(url, proc, log_path)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"server not healthy in {timeout_s}s:\n{log_path.read_text()[-4000:]}")
+    started = server_process.start_server(
+        ["--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096",
+         "--num-threads", str(num_threads), *args],
+        log_path=tmp / f"server-{port}.log", env=env, timeout_s=timeout_s, port=port)
+    return Server(started.url, started.proc, started.log_path)
 
 
 def stop_server(*servers: Server) -> None:
-    """SIGTERM the servers (all at once: each takes a few seconds to exit), wait for each, kill
-    any still running after 30 s."""
-    for server in servers:
-        server.proc.terminate()
-    for server in servers:
-        try:
-            server.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
+    """SIGTERM the servers (all at once), wait for each, kill any still running after 30 s."""
+    server_process.stop_servers(*servers)
 
 
 @pytest.fixture(scope="session")

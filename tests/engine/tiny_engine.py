@@ -1,10 +1,10 @@
-"""A tiny random-weight Llama behind an LLMEngine, with a byte tokenizer: the shared setup of the
-engine tests that need real steps but not a real vocabulary."""
+"""A tiny random-weight Llama behind an LLMEngine, with the byte tokenizer of tests/byte_tokenizer.py
+(EOS = 255): the shared setup of the engine tests that need real steps but not a real vocabulary."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
@@ -12,19 +12,10 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_loader import load_model_weights
 from engine.model_runner import kv_block_bytes
+from tests.byte_tokenizer import ByteTokenizer
 
 EOS = 255
 MAX_MODEL_LEN = 128
-
-
-class ByteTokenizer:
-    """Decodes token id t as chr(32 + t % 90): enough for the detokenizer and VocabInfo."""
-
-    eos_token_id = EOS
-    added_tokens_decoder: ClassVar[dict] = {}
-
-    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
-        return "".join(chr(32 + i % 90) for i in ids if not (skip_special_tokens and i == EOS))
 
 
 def load_tiny(tiny_model_dir) -> tuple[Any, Any]:
@@ -39,4 +30,4 @@ def make_engine(tiny: tuple[Any, Any], num_blocks: int = 64, **overrides: Any) -
     model, arch = tiny
     per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
     config = EngineConfig(kv_cache_memory_bytes=num_blocks * per_block, **overrides)
-    return LLMEngine(config, model, arch, ByteTokenizer(), torch.device("cpu"), torch.float32, MAX_MODEL_LEN)
+    return LLMEngine(config, model, arch, ByteTokenizer(eos_token_id=EOS), torch.device("cpu"), torch.float32, MAX_MODEL_LEN)

@@ -15,6 +15,7 @@ from engine.model_loader import load_model_weights
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 from lora.config import LoraConfig
+from tests.byte_tokenizer import ByteTokenizer
 
 # (r, lora_alpha, target modules, use_rslora): different ranks and targets, one rsLoRA
 ADAPTER_SPECS = {
@@ -22,28 +23,6 @@ ADAPTER_SPECS = {
     "ad2": (8, 16, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], True),
     "ad3": (2, 4, ["o_proj", "down_proj", "up_proj"], False),
 }
-
-
-class ByteTokenizer:
-    """Token id = byte value (vocab 256); enough for the engine's detokenizer."""
-
-    eos_token_id = 0
-
-    @property
-    def added_tokens_decoder(self) -> dict[int, Any]:
-        """No special tokens."""
-        return {}
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """UTF-8 bytes."""
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True, **_: Any) -> str:
-        """UTF-8 text of the bytes (invalid sequences replaced)."""
-        return bytes(ids).decode("utf-8", errors="replace")
-
-    def __len__(self) -> int:
-        return 256
 
 
 def save_tiny_llama(folder: Path, seed: int = 0, num_layers: int = 2) -> None:
@@ -127,7 +106,7 @@ def make_engine(base_dir: Path, lora: LoraConfig | None, tokenizer: Any = None, 
     options = {"max_num_seqs": 16, "max_num_batched_tokens": 256, "block_size": 4,
                "kv_cache_memory_bytes": 2 * 1024**2, "lora": lora, **overrides}
     config = EngineConfig(**options)
-    return LLMEngine(config, model, arch, tokenizer or ByteTokenizer(), torch.device("cpu"), torch.float32,
+    return LLMEngine(config, model, arch, tokenizer or ByteTokenizer(eos_token_id=0), torch.device("cpu"), torch.float32,
                      max_model_len)
 
 

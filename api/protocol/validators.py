@@ -1,0 +1,48 @@
+"""Field checks several request bodies share: `stop` strings, and fields this server refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, ValidationInfo
+from pydantic_core import PydanticCustomError
+
+
+def not_supported(field: str) -> PydanticCustomError:
+    """The 400 (type not_supported) for a request field this server does not serve."""
+    return PydanticCustomError("not_supported", "'{field}' is not supported by this server", {"field": field})
+
+
+def reject_when_set(cls: type, value: Any, info: ValidationInfo) -> Any:
+    """A field validator (`field_validator(*names)(reject_when_set)`): not_supported unless null."""
+    if value is not None:
+        raise not_supported(info.field_name or "")
+    return value
+
+
+def _non_empty_stops(value: str | list[str] | None) -> str | list[str] | None:
+    stops = [value] if isinstance(value, str) else (value or [])
+    if any(not s for s in stops):
+        raise PydanticCustomError("invalid_value", "stop strings must be non-empty")
+    return value
+
+
+Stop = Annotated[str | list[str] | None, AfterValidator(_non_empty_stops)]
+"""`stop`: one string or a list of strings, none of them empty."""
+
+
+def reject_type(message: str) -> Callable[[type, str], str]:
+    """A `type` field validator (`field_validator("type")(reject_type(...))`) that refuses every
+    value: not_supported with `message`, in which `{t}` is the type sent."""
+
+    def reject(cls: type, value: str) -> str:
+        raise PydanticCustomError("not_supported", message, {"t": value})
+
+    return reject
+
+
+def type_of(value: Any) -> Any:
+    """The `type` of a raw dict or a model, None when it has none: what the discriminators of
+    tagged unions read."""
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)

@@ -1,0 +1,97 @@
+"""`background: true` responses: run in asyncio tasks owned by the app, polled through the store.
+
+Statuses as stored: queued (accepted) -> in_progress (the engine produced its first output) ->
+completed / incomplete / failed, or cancelled (POST .../cancel, or server shutdown). Cancelling
+the task closes its engine stream, which aborts the request in the engine and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+import anyio
+
+from api.context import EngineClient
+from api.streaming.engine_stream import EngineStream, StreamGroup
+from api.responses.run import ResponseRun
+from api.responses.stream import whole_response
+from api.observability.stream_tracker import StreamTracker
+from engine import EngineRequest
+
+logger = logging.getLogger(__name__)
+
+
+class BackgroundResponses:
+    """The running background responses of one app, by response id."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, response_id: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in a task registered under `response_id` until it ends."""
+        task = asyncio.create_task(work, name=f"response {response_id}")
+        self._tasks[response_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(response_id, None))
+
+    @property
+    def num_running(self) -> int:
+        """Background responses whose task has not ended yet."""
+        return len(self._tasks)
+
+    def is_running(self, response_id: str) -> bool:
+        """Whether a task for `response_id` is still running."""
+        return response_id in self._tasks
+
+    async def cancel(self, response_id: str) -> bool:
+        """Cancel the task of `response_id` and wait until it has stored its final status.
+
+        False when no task runs for it (finished already, or started by an earlier process).
+        """
+        task = self._tasks.get(response_id)
+        if task is None:
+            return False
+        task.cancel()
+        await asyncio.wait([task])
+        return True
+
+    async def shutdown(self) -> None:
+        """Cancel every running task and wait for them."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+
+async def run_in_background(
+    engine: EngineClient,
+    request: EngineRequest,
+    run: ResponseRun,
+    tracker: StreamTracker | None = None,
+    grammar_param: str | None = None,
+) -> None:
+    """Generate the response of `request`, storing each status it reaches (see the module docstring).
+
+    A failure is stored as status "failed" with the client-safe error message. `tracker` sees the
+    outputs (metrics, and the log line, which it should hold until the generation ends);
+    `grammar_param` names the request field of its grammar in a compile failure.
+    """
+    group = StreamGroup([EngineStream(engine, request, tracker, grammar_param)])
+    try:
+        await group.start()
+        await run.save(run.snapshot("in_progress"))
+        await whole_response(group.outputs(), run)
+    except asyncio.CancelledError:
+        logger.info("response %s: cancelled", run.initial.id)
+        with anyio.CancelScope(shield=True):
+            await run.save(run.snapshot("cancelled"))
+        raise
+    except Exception as exc:  # noqa: BLE001 - no client is waiting: the failure is the stored status
+        logger.warning("response %s: failed: %s", run.initial.id, exc)
+        await run.save(run.failed(exc))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await group.aclose()

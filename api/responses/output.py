@@ -1,0 +1,221 @@
+"""Engine text deltas of one response -> its output items, and the stream events that build them.
+
+The same builder serves whole and streamed answers (a whole answer drops the events), so both
+have the same items for the same engine deltas. Items are opened in output order and each is
+closed before the next one opens: text becomes a `message` item (one output_text part), each
+parsed tool call a `function_call` item. Text written after a call opens a new message item.
+Every item gets its added ... done events, also one that ends with no delta; a response with no
+output at all gets one empty message, so that it always has an item.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from api.responses.protocol.events import (
+    ContentPartEvent,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemEvent,
+    OutputTextDelta,
+    OutputTextDone,
+    StreamEvent,
+)
+from api.responses.protocol.objects import FunctionCall, ItemStatus, OutputItem, OutputMessage, OutputText
+from api.generation.constraints import ToolCalling
+from api.generation.reader import OutputReader, Read, ToolCallObserver
+from toolparsers import ToolCall
+
+
+class EventCounter:
+    """Hands out the `sequence_number`s of one response's events: 0, 1, 2, ..."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def next(self) -> int:
+        """The next sequence number."""
+        number = self._next
+        self._next += 1
+        return number
+
+
+@dataclass(slots=True)
+class _OpenMessage:
+    id: str
+    output_index: int
+    texts: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _OpenCall:
+    item: FunctionCall
+    output_index: int
+    arguments: list[str] = field(default_factory=list)
+
+
+class ResponseOutputBuilder:
+    """The output of one response: `feed` every engine text delta, then `finish` once.
+
+    `tool_calling` None: all text is message content. Otherwise text goes through an OutputReader,
+    whose whole calls become function_call items (and reach `on_tool_calls`).
+    """
+
+    def __init__(
+        self,
+        tool_calling: ToolCalling | None,
+        counter: EventCounter,
+        on_tool_calls: ToolCallObserver | None = None,
+    ) -> None:
+        self.items: list[OutputItem] = []
+        self._seq = counter
+        self._reader = OutputReader(tool_calling, on_tool_calls)
+        self._open: _OpenMessage | _OpenCall | None = None
+
+    def feed(self, text: str, final: bool = False, cut: bool = False) -> list[StreamEvent]:
+        """Events for the next text delta (`final`: the last one; the parser flushes what it holds;
+        `cut`: it stopped at max_output_tokens, so a partial call it holds is dropped)."""
+        events = self._read(self._reader.feed(text))
+        if final:
+            events.extend(self._read(self._reader.finish(cut)))
+        return events
+
+    def finish(self, incomplete: bool = False) -> list[StreamEvent]:
+        """Close the open item (status "incomplete" when the output was cut); add an empty message
+        when there is no item at all."""
+        if not self.items and self._open is None:
+            events = self._open_message()
+        else:
+            events = []
+        events.extend(self._close("incomplete" if incomplete else "completed"))
+        return events
+
+    def abandon(self) -> list[StreamEvent]:
+        """Close the open item as "incomplete" after a failure (its added event has its done event)."""
+        return self._close("incomplete")
+
+    def _text(self, text: str) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        if not isinstance(self._open, _OpenMessage):
+            if self.items or self._open is not None:
+                text = text.lstrip("\n")  # the parser joins text around a call with "\n"
+                if not text:
+                    return []
+            events.extend(self._close("completed"))
+            events.extend(self._open_message())
+        message = self._open
+        assert isinstance(message, _OpenMessage)
+        message.texts.append(text)
+        events.append(
+            OutputTextDelta(
+                sequence_number=self._seq.next(),
+                item_id=message.id,
+                output_index=message.output_index,
+                content_index=0,
+                delta=text,
+            )
+        )
+        return events
+
+    def _open_message(self) -> list[StreamEvent]:
+        message = _OpenMessage(id=f"msg_{uuid.uuid4().hex}", output_index=len(self.items))
+        self._open = message
+        item = OutputMessage(id=message.id, status="in_progress", content=[])
+        return [
+            OutputItemEvent(
+                type="response.output_item.added",
+                sequence_number=self._seq.next(),
+                output_index=message.output_index,
+                item=item,
+            ),
+            ContentPartEvent(
+                type="response.content_part.added",
+                sequence_number=self._seq.next(),
+                item_id=message.id,
+                output_index=message.output_index,
+                content_index=0,
+                part=OutputText(text=""),
+            ),
+        ]
+
+    def _read(self, read: Read) -> list[StreamEvent]:
+        events = self._text(read.content) if read.content else []
+        for call in read.tool_calls:
+            events.extend(self._call(call))
+        return events
+
+    def _call(self, call: ToolCall) -> list[StreamEvent]:
+        """The events of one whole call: its item added, its arguments (one delta), both done."""
+        events = self._close("completed")
+        item = FunctionCall(
+            id=f"fc_{uuid.uuid4().hex}", call_id=call.id, name=call.name, arguments="", status="in_progress"
+        )
+        output_index = len(self.items)
+        events.append(
+            OutputItemEvent(
+                type="response.output_item.added", sequence_number=self._seq.next(), output_index=output_index,
+                item=item,
+            )
+        )
+        if call.arguments:
+            events.append(
+                FunctionCallArgumentsDelta(
+                    sequence_number=self._seq.next(), item_id=item.id, output_index=output_index,
+                    delta=call.arguments,
+                )
+            )
+        self._open = _OpenCall(item=item, output_index=output_index, arguments=[call.arguments])
+        events.extend(self._close("completed"))
+        return events
+
+    def _close(self, status: ItemStatus) -> list[StreamEvent]:
+        opened, self._open = self._open, None
+        if opened is None:
+            return []
+        if isinstance(opened, _OpenMessage):
+            return self._close_message(opened, status)
+        arguments = "".join(opened.arguments)
+        item = opened.item.model_copy(update={"arguments": arguments, "status": status})
+        self.items.append(item)
+        done = FunctionCallArgumentsDone(
+            sequence_number=self._seq.next(),
+            item_id=item.id,
+            output_index=opened.output_index,
+            name=item.name,
+            arguments=arguments,
+        )
+        return [done, self._item_done(opened.output_index, item)]
+
+    def _close_message(self, message: _OpenMessage, status: ItemStatus) -> list[StreamEvent]:
+        text = "".join(message.texts)
+        part = OutputText(text=text)
+        item = OutputMessage(id=message.id, status=status, content=[part])
+        self.items.append(item)
+        item_id, output_index = message.id, message.output_index
+        return [
+            OutputTextDone(
+                sequence_number=self._seq.next(),
+                item_id=item_id,
+                output_index=output_index,
+                content_index=0,
+                text=text,
+            ),
+            ContentPartEvent(
+                type="response.content_part.done",
+                sequence_number=self._seq.next(),
+                item_id=item_id,
+                output_index=output_index,
+                content_index=0,
+                part=part,
+            ),
+            self._item_done(message.output_index, item),
+        ]
+
+    def _item_done(self, output_index: int, item: OutputItem) -> OutputItemEvent:
+        return OutputItemEvent(
+            type="response.output_item.done",
+            sequence_number=self._seq.next(),
+            output_index=output_index,
+            item=item,
+        )

@@ -1,1 +1,0 @@
-"""One FastAPI router per resource."""

@@ -1,0 +1,138 @@
+"""`python -m api.cli serve` in a child process on a free loopback port, healthy: the one helper
+the e2e tests (tests/e2e/conftest.py) and the benchmarks start servers with.
+
+A started server dies with the process that started it, however that process ends: each child
+asks the kernel for SIGTERM when its parent goes (Linux `prctl(PR_SET_PDEATHSIG)`, so a SIGTERM
+or SIGKILL to pytest or to a benchmark takes its servers down too), and an `atexit` hook stops
+the ones still running at a normal exit. The death signal is tied to the thread that forked the
+child, so every child is forked by one long-lived spawner thread, never by a short-lived worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+_PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+# Forks every server (see the module docstring); its thread lives until the interpreter exits.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="server-spawner")
+_LIVE: set[subprocess.Popen] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+@dataclass
+class ServerProcess:
+    """A running server: base URL (no /v1), its process and its log file (None: output dropped)."""
+
+    url: str
+    proc: subprocess.Popen
+    log_path: Path | None = None
+
+    def log(self) -> str:
+        """The server's output so far ("" when it is not logged)."""
+        return self.log_path.read_text(errors="replace") if self.log_path is not None else ""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None,
+                 timeout_s: float = 240.0, poll_s: float = 0.2, port: int | None = None) -> ServerProcess:
+    """Start `python -m api.cli serve --host 127.0.0.1 --port PORT *args` in the repository root and
+    wait until GET /health answers 200 (polled every `poll_s` seconds).
+
+    Output goes to `log_path` (None: dropped). `env` is added to this process's environment.
+    Raises RuntimeError (with the log's tail) when the server exits first or is not healthy
+    within `timeout_s` seconds (it is killed then).
+    """
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    log = open(log_path, "w") if log_path is not None else subprocess.DEVNULL
+    try:
+        proc = _SPAWNER.submit(_spawn, cmd, log, {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}).result()
+    finally:
+        if log_path is not None:
+            log.close()   # the child holds its own copy
+    server = ServerProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _forget(proc)
+            raise RuntimeError(f"server exited {proc.returncode}:\n{server.log()[-4000:]}")
+        if _healthy(server.url):
+            return server
+        time.sleep(poll_s)
+    proc.kill()
+    proc.wait()
+    _forget(proc)
+    raise RuntimeError(f"server not healthy in {timeout_s}s:\n{server.log()[-4000:]}")
+
+
+def stop_servers(*servers: ServerProcess, timeout_s: float = 30.0) -> None:
+    """SIGTERM the servers (all at once: each takes a few seconds to drain and exit), wait for
+    each, kill any still running after `timeout_s` seconds."""
+    for server in servers:
+        server.proc.terminate()
+    for server in servers:
+        try:
+            server.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+        _forget(server.proc)
+
+
+def _spawn(cmd: list[str], log: object, env: dict[str, str]) -> subprocess.Popen:
+    parent = os.getpid()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=lambda: _die_with_parent(parent))
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
+    return proc
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child before exec: SIGTERM when the forking thread's process ends; exit at once
+    if it has already ended (it did between fork and this call)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _forget(proc: subprocess.Popen) -> None:
+    with _LIVE_LOCK:
+        _LIVE.discard(proc)
+
+
+@atexit.register
+def _stop_live_servers() -> None:
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    stop_servers(*(ServerProcess("", proc) for proc in live), timeout_s=10.0)

@@ -1,0 +1,40 @@
+"""/openapi.json: every body-reading route documents its body; errors are OpenAI error objects."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from api.http.openapi import REQUEST_BODIES
+
+pytestmark = pytest.mark.anyio
+
+_NO_BODY = {("post", "/v1/responses/{response_id}/cancel")}
+
+
+async def test_request_bodies_are_documented(client: httpx.AsyncClient) -> None:
+    document = (await client.get("/openapi.json")).json()
+    posts = {("post", path) for path, operations in document["paths"].items() if "post" in operations}
+    assert posts - _NO_BODY == set(REQUEST_BODIES), "a new POST route needs its body in REQUEST_BODIES"
+    schemas = document["components"]["schemas"]
+    for (method, path), model in REQUEST_BODIES.items():
+        body = document["paths"][path][method]["requestBody"]
+        ref = body["content"]["application/json"]["schema"]["$ref"]
+        assert body["required"] and ref == f"#/components/schemas/{model.__name__}"
+        assert set(schemas[model.__name__]["properties"]) == set(model.model_fields)
+    chat = schemas["ChatCompletionRequest"]
+    assert chat["additionalProperties"] is False and chat["required"] == ["messages"]
+
+
+async def test_errors_are_documented_as_openai_objects(client: httpx.AsyncClient) -> None:
+    document = (await client.get("/openapi.json")).json()
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            responses = operation["responses"]
+            assert "422" not in responses, f"{method} {path}: validation errors are 400s"
+            error = responses["default"]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/ErrorResponse"}, f"{method} {path}"
+    error_info = document["components"]["schemas"]["ErrorInfo"]
+    assert set(error_info["properties"]) == {"message", "type", "param", "code"}
+    assert "content" not in document["paths"]["/health"]["get"]["responses"]["200"]   # empty body

@@ -1,0 +1,178 @@
+"""POST /v1/responses with stream: true: SSE framing, the event lifecycle of every item (case 020),
+tool calls as function_call events, truncation, failures, and stream == whole."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from api_support import FakeEngine, sdk_client
+from fastapi import FastAPI
+from openai.types.responses import (
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseTextDeltaEvent,
+)
+from responses_support import (
+    GET_TIME,
+    GET_WEATHER,
+    call_text,
+    check_lifecycle,
+    play,
+    typed_events,
+    without_ids,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(max_model_len=4096)
+
+
+async def stream(client: httpx.AsyncClient, **fields: Any) -> list[dict[str, Any]]:
+    r = await client.post("/v1/responses", json={"model": "fake-model", "stream": True, **fields})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    assert "[DONE]" not in r.text
+    return typed_events(r.text)
+
+
+async def whole(client: httpx.AsyncClient, **fields: Any) -> dict[str, Any]:
+    r = await client.post("/v1/responses", json={"model": "fake-model", **fields})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def test_text_stream_event_order(client: httpx.AsyncClient) -> None:
+    events = await stream(client, input="x")
+    response = check_lifecycle(events)
+    types = [e["type"] for e in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[4:-4] == ["response.output_text.delta"] * len("Hello world!")
+    assert types[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert response["status"] == "completed" and response["usage"]["output_tokens"] == 12
+    assert all(e["logprobs"] == [] for e in events if e["type"] == "response.output_text.delta")
+    assert events[2]["item"]["status"] == "in_progress" and events[2]["item"]["content"] == []
+
+
+async def test_sdk_parses_every_event(app: FastAPI, engine: FakeEngine) -> None:
+    play(engine, "Sure.\n" + call_text("get_weather", {"city": "Paris"}))
+    async with sdk_client(app) as client:
+        events = [
+            e
+            async for e in await client.responses.create(
+                model="fake-model", input="x", tools=[GET_WEATHER], stream=True
+            )
+        ]
+    assert isinstance(events[0], ResponseCreatedEvent) and isinstance(events[-1], ResponseCompletedEvent)
+    assert any(isinstance(e, ResponseTextDeltaEvent) for e in events)
+    added = [e for e in events if isinstance(e, ResponseOutputItemAddedEvent)]
+    assert [e.item.type for e in added] == ["message", "function_call"]
+    [done] = [e for e in events if isinstance(e, ResponseFunctionCallArgumentsDoneEvent)]
+    assert json.loads(done.arguments) == {"city": "Paris"} and done.item_id == added[1].item.id
+    assert events[-1].response.output[1].call_id == added[1].item.call_id
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+async def test_sdk_stream_helper_accumulates(app: FastAPI, engine: FakeEngine) -> None:
+    async with sdk_client(app) as client, client.responses.stream(model="fake-model", input="x") as events:
+        async for _ in events:
+            pass
+        final = await events.get_final_response()
+    assert final.output_text == "Hello world!" and final.status == "completed"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        call_text("get_weather", {"city": "Zürich ☃"}),
+        call_text("get_weather", {"city": "A"}) + "\n" + call_text("get_time", {}),
+        "Let me check.\n" + call_text("get_time", {}) + "\nDone.",
+        "No call here.",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>',
+    ],
+)
+async def test_stream_equals_whole(client: httpx.AsyncClient, engine: FakeEngine, script: str) -> None:
+    """Case 020: the terminal output equals the items' done events and the stream=false output."""
+    play(engine, script)
+    fields = {"input": "x", "tools": [GET_WEATHER, GET_TIME], "temperature": 0}
+    response = check_lifecycle(await stream(client, **fields))
+    assert without_ids(response["output"]) == without_ids((await whole(client, **fields))["output"])
+
+
+async def test_required_call_items_complete_even_without_text(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    play(engine, call_text("get_weather", {"city": "Paris"}))
+    events = await stream(client, input="x", tools=[GET_WEATHER], tool_choice="required")
+    response = check_lifecycle(events)
+    types = [e["type"] for e in events]
+    assert types[2:] == [
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    added = events[2]["item"]
+    assert added["type"] == "function_call" and added["name"] == "get_weather" and added["arguments"] == ""
+    assert added["status"] == "in_progress" and added["call_id"].startswith("call_")
+    assert (
+        response["output"][0]["status"] == "completed" and events[-2]["item"]["call_id"] == added["call_id"]
+    )
+
+
+async def test_empty_output_still_has_one_item(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    play(engine, "")
+    events = await stream(client, input="x")
+    response = check_lifecycle(events)
+    assert [e["type"] for e in events[2:]] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert response["output"][0]["content"][0]["text"] == ""
+
+
+async def test_cut_stream_ends_incomplete(client: httpx.AsyncClient) -> None:
+    events = await stream(client, input="x", max_output_tokens=5)
+    response = check_lifecycle(events)
+    assert events[-1]["type"] == "response.incomplete" and response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["output"][0]["content"][0]["text"] == "Hello"
+
+
+async def test_failure_mid_stream_is_error_then_failed(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    engine.fail_after_tokens = 3
+    events = await stream(client, input="x")
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    response = check_lifecycle(events)
+    assert response["status"] == "failed" and response["error"]["code"] == "server_error"
+    assert response["error"]["message"] == "internal server error"  # never a raw exception text
+    [message] = response["output"]  # the item opened before the failure is closed, incomplete
+    assert message["status"] == "incomplete" and message["content"][0]["text"] == "Hel"
+    stored = (await client.get(f"/v1/responses/{response['id']}")).json()
+    assert stored["status"] == "failed"
+
+
+async def test_errors_before_the_stream_are_http_errors(client: httpx.AsyncClient) -> None:
+    r = await client.post("/v1/responses", json={"input": "x" * 5000, "stream": True})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
