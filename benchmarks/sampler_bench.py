@@ -59,11 +59,12 @@ def smollm2_logits(steps: int = 16) -> torch.Tensor:
         for prompt in PROMPTS:
             ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                                 return_tensors="pt", return_dict=True)["input_ids"]
+            out = model(ids, use_cache=True)
             for _ in range(steps):
-                logits = model(ids).logits[0, -1]
+                logits = out.logits[0, -1]
                 rows.append(logits.clone())
                 token = torch.multinomial(torch.softmax(logits / 0.8, -1), 1, generator=gen)
-                ids = torch.cat([ids, token.view(1, 1)], dim=1)
+                out = model(token.view(1, 1), past_key_values=out.past_key_values, use_cache=True)
     return torch.stack(rows)
 
 
@@ -87,15 +88,17 @@ def make_seqs(params: list[SamplingParams]) -> list[Sequence]:
     return seqs
 
 
-def take_turns(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median ms of each function, run in turns (one warm-up call each first)."""
+def take_turns(fns: dict[str, Callable[[torch.Tensor], object]], logits: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median ms of each function over a fresh copy of `logits` (copied outside the timing), run in
+    turns after one warm-up call each."""
     for fn in fns.values():
-        fn()
+        fn(logits.clone())
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            copy = logits.clone()
             start = time.perf_counter()
-            fn()
+            fn(copy)
             times[name].append((time.perf_counter() - start) * 1e3)
     return {name: round(statistics.median(t), 3) for name, t in times.items()}
 
@@ -130,14 +133,13 @@ def main() -> None:
         new, ref = Sampler(vocab_size, (0,)), ReferenceSampler(vocab_size, (0,))
         new_seqs, ref_seqs = make_seqs(params), make_seqs(params)
         times = take_turns({
-            "new": lambda: new.sample(logits.clone(), new_seqs, None if mask is None else mask.clone()),
-            "reference": lambda: ref.sample(logits.clone(), ref_seqs, None if mask is None else mask.clone()),
-        }, args.repeats)
+            "new": lambda x, s=new, q=new_seqs, m=mask: s.sample(x, q, None if m is None else m.clone()),
+            "reference": lambda x, s=ref, q=ref_seqs, m=mask: s.sample(x, q, None if m is None else m.clone()),
+        }, logits, args.repeats)
         result[name] = {"new_ms": times["new"], "reference_ms": times["reference"],
                         "speedup": round(times["reference"] / times["new"], 1)}
-    copies = [logits.clone() for _ in range(2 * args.repeats + 2)]
-    times = take_turns({"new": lambda: apply_bitmask_ref(copies.pop(), bitmask),
-                        "reference": lambda: shift_unpack_apply(copies.pop(), bitmask)}, args.repeats)
+    times = take_turns({"new": lambda x: apply_bitmask_ref(x, bitmask),
+                        "reference": lambda x: shift_unpack_apply(x, bitmask)}, logits, args.repeats)
     result["bitmask"] = {"new_ms": times["new"], "reference_ms": times["reference"],
                          "speedup": round(times["reference"] / times["new"], 1)}
     print(json.dumps(result))
