@@ -74,17 +74,18 @@ class Sampler:
         return SamplerOutput(token_ids, entries)
 
     def _draw(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """One token id per row: argmax for greedy rows, a draw from the filtered distribution otherwise."""
         rows = [i for i, s in enumerate(seqs) if not s.sampling_params.greedy]
         greedy = [i for i, s in enumerate(seqs) if s.sampling_params.greedy]
         result = [0] * len(seqs)
         if greedy:
-            picked = logits.argmax(dim=-1) if len(greedy) == len(seqs) else logits[greedy].argmax(dim=-1)
+            picked = blocked_argmax(logits if len(greedy) == len(seqs) else logits[greedy])
             for i, token_id in zip(greedy, picked.tolist()):
                 result[i] = token_id
         if not rows:
             return result
         params = [seqs[i].sampling_params for i in rows]
-        sub = logits[rows]
+        sub = logits if len(rows) == len(seqs) else logits[rows]     # logits are ours to modify
         sub.div_(torch.tensor([p.temperature for p in params], dtype=sub.dtype).unsqueeze(1))
         generators = [seqs[i].generator for i in rows]
         uniforms = iter(torch.rand(sum(g is None for g in generators), generator=self.generator,
@@ -95,6 +96,26 @@ class Sampler:
             for j, token_id in zip(group.rows, drawn):
                 result[rows[j]] = token_id
         return result
+
+
+def blocked_argmax(logits: torch.Tensor, block: int = 1024) -> torch.Tensor:
+    """`logits.argmax(dim=-1)` (int64 [num_rows], the first index of the maximum; NaN counts as the
+    maximum, as in torch.argmax) for float [num_rows, vocab_size] CPU logits, in one vectorised
+    `amax` over blocks of `block` columns and an argmax inside each row's first best block: torch's
+    CPU argmax over a whole 49,152-wide row is ~20x slower than amax."""
+    num_rows, vocab_size = logits.shape
+    num_full = vocab_size // block
+    if num_full < 2:
+        return logits.argmax(dim=-1)
+    maxima = logits[:, :num_full * block].unflatten(1, (num_full, block)).amax(dim=-1)      # [num_rows, num_full]
+    if vocab_size > num_full * block:
+        maxima = torch.cat([maxima, logits[:, num_full * block:].amax(dim=-1, keepdim=True)], dim=1)
+    best = maxima.argmax(dim=-1)
+    starts = best * block
+    window = torch.arange(block).unsqueeze(0) + starts.unsqueeze(1)
+    inside = window < vocab_size
+    values = logits.gather(1, window.clamp_max(vocab_size - 1)).masked_fill(~inside, float("-inf"))
+    return starts + values.argmax(dim=-1)
 
 
 def _apply_constrained_rows(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

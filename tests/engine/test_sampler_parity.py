@@ -12,7 +12,7 @@ from sampler_reference import ReferenceSampler, top_k_top_p_ref
 
 from engine.inverse_cdf import inverse_cdf
 from engine.logits_processors import apply_bias_and_bans, apply_penalties
-from engine.sampler import Sampler
+from engine.sampler import Sampler, blocked_argmax
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.top_k_top_p import CANDIDATE_CAPS, top_k_top_p_candidates
@@ -190,3 +190,20 @@ def test_logprobs_and_bitmask_rows_match_the_reference():
                 assert a.token_id == b.token_id and math.isclose(a.logprob, b.logprob, abs_tol=1e-6)
                 assert [t for t, _ in a.top] == [t for t, _ in b.top]
                 assert all(math.isclose(x, y, abs_tol=1e-6) for (_, x), (_, y) in zip(a.top, b.top))
+
+
+@pytest.mark.parametrize("vocab", [100, 2048, 5000, 49152, 3 * 1024 + 1])
+def test_blocked_argmax_equals_torch_argmax(vocab):
+    """First index of the maximum, ties across and inside blocks, all -inf rows, NaN, a maximum
+    in the last partial block."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(8, vocab, generator=gen)
+    logits[1] = 0.0                                   # all tied: index 0
+    logits[2, [vocab // 2, vocab - 1, 7]] = 9.0        # tie across blocks: the first one
+    logits[3] = float("-inf")
+    logits[4, vocab // 3] = float("nan")
+    logits[5, vocab - 1] = 50.0                        # in the last (partial) block
+    logits[6, :] = -1e30
+    logits[6, vocab - 2] = float("inf")
+    assert torch.equal(blocked_argmax(logits), logits.argmax(dim=-1))
+    assert torch.equal(blocked_argmax(logits[:1]), logits[:1].argmax(dim=-1))
