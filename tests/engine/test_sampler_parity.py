@@ -205,5 +205,6 @@ def test_blocked_argmax_equals_torch_argmax(vocab):
     logits[5, vocab - 1] = 50.0                        # in the last (partial) block
     logits[6, :] = -1e30
     logits[6, vocab - 2] = float("inf")
+    logits = logits.repeat(2, 1)                       # 16 rows: the blocked path
     assert torch.equal(blocked_argmax(logits), logits.argmax(dim=-1))
     assert torch.equal(blocked_argmax(logits[:1]), logits[:1].argmax(dim=-1))
