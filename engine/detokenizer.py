@@ -9,7 +9,7 @@ try:
     from tokenizers import Tokenizer
     from tokenizers.decoders import DecodeStream
 except ImportError:  # tokenizers without DecodeStream (< 0.21): every tokenizer takes the window path
-    Tokenizer = DecodeStream = None
+    Tokenizer = DecodeStream = None  # type: ignore[assignment,misc]
 
 REPLACEMENT_CHAR = "\ufffd"
 
