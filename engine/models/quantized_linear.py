@@ -35,7 +35,8 @@ class QuantizedLinear(nn.Module):
 
     `weight` `[out, in]` is the source (float tensor, or quantized groups kept exactly: INT4 from
     Int4Groups keeps the file's grid; other sources are quantized here, INT4 asymmetric group 32,
-    INT8 symmetric per channel). `bias` `[out]` or None is kept in `dtype`. `device` holds the
+    INT8 symmetric per channel). With a small copy, the large copy holds the small copy's values
+    (dequantized, then rounded to bf16 for BF16), so every row count runs the same weights. `bias` `[out]` or None is kept in `dtype`. `device` holds the
     copies; INT4/INT8/BF16/FP32 need a CPU. `int8`: the INT8 copy already quantized from `weight`
     (its qvals tensor is then shared, e.g. with a tied embedding). Raises ValueError for INT4 with in_features not a
     multiple of 32, for a format off CPU, or for a quantized `large`.
@@ -52,11 +53,17 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.small, self.large = small, large
         self.crossover_rows = crossover_rows if small is not None else 0
-        int4 = _pack_int4(weight) if small is WeightFormat.INT4 else (None, None)
+        groups: Int4Groups | None = None
+        if small is WeightFormat.INT4:
+            groups = weight if isinstance(weight, Int4Groups) else Int4Groups.from_float(dequantize(weight))
         if small is WeightFormat.INT8 and int8 is None:
             int8 = Int8Channels.from_float(dequantize(weight))
         elif small is not WeightFormat.INT8:
             int8 = None
+        int4 = (None, None) if groups is None else _pack_int4(groups)
+        # the large copy holds the same values as the small one, so that a request's results do
+        # not depend on how many rows its step had (only the kernels' rounding differs)
+        held = groups.dequantize() if groups is not None else int8.dequantize() if int8 is not None else dequantize(weight)
         # buffers, not parameters (no trainable weights here); None where the format is absent
         self.register_buffer("bias", None if bias is None else bias.detach().to(device=device, dtype=dtype),
                              persistent=False)
@@ -65,7 +72,7 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("int8_weight", None if int8 is None else int8.qvals, persistent=False)   # int8 [out, in]
         self.register_buffer("int8_scales", None if int8 is None else int8.scales.to(torch.bfloat16),
                              persistent=False)                                   # bf16 [out]
-        self.register_buffer("large_weight", _large_copy(dequantize(weight), large, dtype, device), persistent=False)
+        self.register_buffer("large_weight", _large_copy(held, large, dtype, device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x` `[num_tokens, in_features]` -> `[num_tokens, out_features]` in x's dtype."""
@@ -119,11 +126,9 @@ class QuantizedLinear(nn.Module):
                 f"{self.crossover_rows}), large={self.large.value}, bias={self.bias is not None}")
 
 
-def _pack_int4(weight: SourceWeight) -> tuple[torch.Tensor, torch.Tensor]:
+def _pack_int4(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed uint8 `[out_pad, in // 2]`, bf16 scales and zeros `[in // 32, out_pad, 2]`) of the
-    weight on its own 4-bit grid (Int4Groups) or quantized to one; rows padded to a multiple of 16
-    with zero weights."""
-    groups = weight if isinstance(weight, Int4Groups) else Int4Groups.from_float(dequantize(weight))
+    4-bit weight; rows padded to a multiple of 16 with zero weights."""
     pad = -groups.shape[0] % _INT4_ROW_MULTIPLE
     qvals, scales, zeros = groups.qvals, groups.scales, groups.zeros
     if pad:
