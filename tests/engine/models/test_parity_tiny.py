@@ -15,6 +15,7 @@ from paged_batch import PagedBatch
 from engine.errors import ModelLoadError
 from engine.model_loader import load_model_weights
 from engine.models import MODEL_REGISTRY, get_model_class
+from tests.conftest import fake_quantized_copy
 
 PROMPT_LENS = (5, 17, 33)
 FIRST_CHUNK = (5, 9, 20)
@@ -102,28 +103,6 @@ def test_bfloat16_model_tracks_float32(tiny_model_dir) -> None:
 # random 2-layer model damps the error). Bounds leave about 2x room.
 FAKE_QUANT_BOUND = 0.05
 ORIGINAL_BOUNDS = {"int8": 0.12, "int4": 0.9}
-
-
-def fake_quantized_copy(folder, target, quantization: str):
-    """`target`: the checkpoint of `folder` with every weight replaced by the float32 values the
-    quantized load holds (layers int8 per channel or int4 group 32, embedding / head int8)."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
-    from engine.models.quantized_tensor import Int4Groups, Int8Channels
-
-    tensors = load_file(str(folder / "model.safetensors"))
-    for name, weight in tensors.items():
-        if weight.dim() != 2:
-            continue
-        layer = ".layers." in name and quantization == "int4"
-        held = Int4Groups.from_float(weight) if layer else Int8Channels.from_float(weight)
-        tensors[name] = held.dequantize().contiguous()
-    target.mkdir()
-    shutil.copy(folder / "config.json", target / "config.json")
-    save_file(tensors, str(target / "model.safetensors"))
-    return target
 
 
 def teacher_forced_logits(folder, quantization: str) -> torch.Tensor:
