@@ -20,11 +20,14 @@ from engine.models.quantized_linear import QuantizedLinear
 logger = logging.getLogger(__name__)
 
 CANDIDATE_ROWS = (1, 2, 4, 8, 16)
+# Used for a group the time budget left undecided before its first row count: the research
+# note's crossover on this project's machine was 4-8 rows (shared/research/cpu-performance.md §3).
+FALLBACK_CROSSOVER_ROWS = 4
 Product = Callable[[torch.Tensor], torch.Tensor]
 
 
 def measure_crossovers(groups: dict[str, list[QuantizedLinear]], candidate_rows: tuple[int, ...] = CANDIDATE_ROWS,
-                       repeats: int = 3, rounds: int = 3) -> dict[str, int]:
+                       repeats: int = 2, rounds: int = 2, budget_s: float = 3.0) -> dict[str, int]:
     """Per group (e.g. "layer": every decoder projection, "head": the LM head), the largest of
     `candidate_rows` (ascending) up to which the group's small copies together are at least as
     fast as its large copies at every candidate row count; 0 when the large copies already win at
@@ -33,14 +36,20 @@ def measure_crossovers(groups: dict[str, list[QuantizedLinear]], candidate_rows:
     For each row count, a pass runs every group in order through one kind of copy and times each
     group; passes over the two kinds take turns for `rounds` blocks of `repeats` passes (after one
     warm-up pass), and each (group, kind) keeps its best block's median, so a burst of load from
-    another process that hits one block does not decide. Row counts stop once every group is decided.
+    another process that hits one block does not decide. Row counts stop once every group is
+    decided, or once `budget_s` seconds have gone (a busy machine can make every pass 10x slower):
+    a group still undecided keeps the largest row count its small copies won so far, or
+    FALLBACK_CROSSOVER_ROWS when none was timed; the log line says so.
     """
     crossover = {name: 0 for name in groups}
     undecided = set(groups)
     generator = torch.Generator().manual_seed(0)
     widths = {proj.in_features for projs in groups.values() for proj in projs}
     timings: dict[int, dict[str, tuple[float, float]]] = {}
+    deadline = time.perf_counter() + budget_s
     for rows in candidate_rows:
+        if time.perf_counter() > deadline:
+            break
         inputs = {width: torch.randn(rows, width, generator=generator) for width in widths}
         best = {(name, kind): float("inf") for name in undecided for kind in ("small", "large")}
         for _ in range(rounds):
@@ -57,9 +66,13 @@ def measure_crossovers(groups: dict[str, list[QuantizedLinear]], candidate_rows:
                 crossover[name] = rows
         if not undecided:
             break
-    logger.info("small vs large copies by rows (ms per pass): %s; crossover rows %s",
+    for name in undecided:
+        if crossover[name] == 0 and not any(name in by_name for by_name in timings.values()):
+            crossover[name] = FALLBACK_CROSSOVER_ROWS
+    logger.info("small vs large copies by rows (ms per pass): %s; crossover rows %s%s",
                 {rows: {name: (round(1e3 * s, 3), round(1e3 * b, 3)) for name, (s, b) in by_name.items()}
-                 for rows, by_name in timings.items()}, crossover)
+                 for rows, by_name in timings.items()}, crossover,
+                f" (time budget of {budget_s} s spent before deciding {sorted(undecided)})" if undecided else "")
     return crossover
 
 
