@@ -35,11 +35,12 @@ class QuantizedLinear(nn.Module):
 
     `weight` `[out, in]` is the source (float tensor, or quantized groups kept exactly: INT4 from
     Int4Groups keeps the file's grid; other sources are quantized here, INT4 asymmetric group 32,
-    INT8 symmetric per channel). With a small copy, the large copy holds the small copy's values
-    (dequantized, then rounded to bf16 for BF16), so every row count runs the same weights. `bias` `[out]` or None is kept in `dtype`. `device` holds the
-    copies; INT4/INT8/BF16/FP32 need a CPU. `int8`: the INT8 copy already quantized from `weight`
-    (its qvals tensor is then shared, e.g. with a tied embedding). Raises ValueError for INT4 with in_features not a
-    multiple of 32, for a format off CPU, or for a quantized `large`.
+    INT8 symmetric per channel). With a small copy, the large copy holds the very values the small
+    copy's kernel multiplies by (its bf16 scales and zeros applied), rounded to bf16 for BF16, so
+    every row count runs the same weights. `bias` `[out]` or None is kept in `dtype`. `device`
+    holds the copies; INT4/INT8/BF16/FP32 need a CPU. `int8`: the INT8 copy already quantized from
+    `weight` (its qvals tensor is then shared, e.g. with a tied embedding). Raises ValueError for
+    INT4 with in_features not a multiple of 32, for a format off CPU, or for a quantized `large`.
     """
 
     def __init__(self, weight: SourceWeight, bias: torch.Tensor | None, small: WeightFormat | None,
@@ -61,9 +62,14 @@ class QuantizedLinear(nn.Module):
         elif small is not WeightFormat.INT8:
             int8 = None
         int4 = (None, None) if groups is None else _pack_int4(groups)
-        # the large copy holds the same values as the small one, so that a request's results do
-        # not depend on how many rows its step had (only the kernels' rounding differs)
-        held = groups.dequantize() if groups is not None else int8.dequantize() if int8 is not None else dequantize(weight)
+        # the large copy holds the small copy's values, so that a request's results do not depend
+        # on how many rows its step had (only the kernels' rounding differs)
+        if groups is not None:
+            held = Int4Groups(groups.qvals, _bf16(groups.scales), _bf16(groups.zeros)).dequantize()
+        elif int8 is not None:
+            held = Int8Channels(int8.qvals, _bf16(int8.scales)).dequantize()
+        else:
+            held = dequantize(weight)
         # buffers, not parameters (no trainable weights here); None where the format is absent
         self.register_buffer("bias", None if bias is None else bias.detach().to(device=device, dtype=dtype),
                              persistent=False)
@@ -124,6 +130,11 @@ class QuantizedLinear(nn.Module):
         small = "none" if self.small is None else self.small.value
         return (f"in={self.in_features}, out={self.out_features}, small={small} (rows <= "
                 f"{self.crossover_rows}), large={self.large.value}, bias={self.bias is not None}")
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to bf16, as the int4/int8 kernels store their scales and zeros."""
+    return t.to(torch.bfloat16).float()
 
 
 def _pack_int4(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:

@@ -79,9 +79,13 @@ def test_products_match_the_dequantized_reference(small, large, rows: int) -> No
     out = proj(x)
     assert out.dtype == torch.float32 and out.shape == (rows, 96)
     uses_small = small is not None and rows <= 8
-    held = weight   # both copies hold the small copy's values (the quantized weight)
-    if small is not None:
-        held = (Int4Groups.from_float(weight) if small is WeightFormat.INT4 else Int8Channels.from_float(weight)).dequantize()
+    held = weight   # both copies hold the values the small copy's kernel uses (bf16 scales, zeros)
+    if small is WeightFormat.INT4:
+        groups = Int4Groups.from_float(weight)
+        held = Int4Groups(groups.qvals, bf16(groups.scales), bf16(groups.zeros)).dequantize()
+    elif small is WeightFormat.INT8:
+        channels = Int8Channels.from_float(weight)
+        held = Int8Channels(channels.qvals, bf16(channels.scales)).dequantize()
     if uses_small:   # multiplied by the bf16-rounded input
         expected = F.linear(bf16(x), held, bias)
         torch.testing.assert_close(out, proj.small_product(x) + bias, atol=0, rtol=0)
