@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes for the KV cache, e.g. 2GiB or 512MiB",
     )
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    serve.add_argument(
+        "--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
+        help="weight formats: auto = the checkpoint's own (a GGUF's Q4/Q8 blocks stay int4/int8, with a bf16 "
+        "copy for larger batches; float checkpoints stay float); none = dequantize to --dtype (the float32 "
+        "parity reference); int8 / int4 = quantize float weights at load (CPU only)",
+    )
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument(
@@ -145,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_RESPONSES_DB,
         help='SQLite file storing /v1/responses (created with its folder); ":memory:" keeps them in memory',
     )
-    serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: measured)")
+    serve.add_argument("--num-threads", type=int, default=None,
+                       help="torch CPU threads (default: every core this process may use)")
     serve.add_argument(
         "--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
         help="requests waiting to run at which new ones get 429 with Retry-After",
@@ -194,6 +201,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         model=args.model,
         served_model_name=names[0] if names else None,
         dtype=args.dtype,
+        quantization=args.quantization,
         device=args.device,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

@@ -77,18 +77,16 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeo
                  threads: int | None = None) -> Server:
     """Start `python -m api.cli serve` with `args` and wait until /health answers 200.
 
-    `--num-threads` is `threads`, by default every core this process may use: a server measures
-    its thread count at start-up, and a start that overlaps the test process's own work (another
-    server stopping, a client busy) measures one thread faster and keeps it for the whole module.
-    Pass a smaller `threads` for servers that decode at the same time as another.
+    `--num-threads` is `threads` when given (pass a share of the cores for servers that decode at
+    the same time as another); None leaves the server's default, every core it may use.
     """
     port = free_port()
     log_path = tmp / f"server-{port}.log"
     log = open(log_path, "w")
-    num_threads = threads or len(os.sched_getaffinity(0))
+    thread_args = [] if threads is None else ["--num-threads", str(threads)]
     cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096",
-           "--num-threads", str(num_threads), *args]
+           *thread_args, *args]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -122,6 +120,16 @@ def stop_server(*servers: Server) -> None:
 def server(tmp_path_factory) -> Iterator[Server]:
     """One shared server for the e2e tests (SmolLM2, default flags)."""
     srv = start_server(tmp_path_factory.mktemp("server"))
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def float_server(tmp_path_factory) -> Iterator[Server]:
+    """A server on the float32 weights (`--quantization none`), for tests that compare a request's
+    output across batch compositions: the default's int4/int8 copies serve steps of a few rows and
+    its bf16 copies larger ones, whose different rounding can flip a near-tied greedy token."""
+    srv = start_server(tmp_path_factory.mktemp("float_server"), "--quantization", "none")
     yield srv
     stop_server(srv)
 
