@@ -157,7 +157,7 @@ def paged_decode_attention(
     and sums run in float32. Eager, it does materialise the gathered blocks and a product G times
     their size (G = num_heads // num_kv_heads): use `paged_attention_ref` there.
     Keys at positions >= seq_lens (the tail of the last block, -1 padding read as block 0) are
-    masked, so their contents never matter.
+    masked, so their contents never matter as long as they are finite (every cache write is).
     """
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
