@@ -66,6 +66,7 @@ class CompiledDecode:
         self.freezing = freezing
         self._compiled = torch.compile(_decode_logits, dynamic=False)
         self._ready = threading.Event()
+        self._finished = threading.Event()        # warm-up ended, ready or failed
         self._marked_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.error: BaseException | None = None   # why warm-up failed, once it has
         self.compile_seconds: float | None = None
@@ -74,6 +75,11 @@ class CompiledDecode:
     def ready(self) -> bool:
         """True once both graphs are compiled and checked; never True after a failed warm-up."""
         return self._ready.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until a started warm-up ends (or `timeout_s` passes); returns `ready`."""
+        self._finished.wait(timeout_s)
+        return self.ready
 
     def start_warm_up(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], scratch_block: int) -> threading.Thread:
         """Run `warm_up` on a daemon thread and return it; failures are logged, not raised."""
@@ -108,9 +114,11 @@ class CompiledDecode:
                            allow_compile=False)
         except BaseException as error:
             self.error = error
+            self._finished.set()
             raise
         self.compile_seconds = time.perf_counter() - start
         self._ready.set()
+        self._finished.set()
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
         logger.info("compiled decode step ready in %.1f s (graphs for 1 and 2+ sequences, freezing=%s, "
