@@ -10,9 +10,13 @@ graph fuses the norms, RoPE, SiLU and residual adds into a few C++ loops and rea
 they lie (shared/research/cpu-performance.md, sections 2, 5 and 6).
 
 Shapes: the batch dimension (sequences) and the block-table width are dynamic, and so is the
-number of cache blocks; everything else (hidden size, heads, block size) is static. Dynamo
-specialises size 1, so the warm-up compiles exactly two graphs, one sequence and two or more,
-and then checks that a third batch size runs without compiling. Serving calls run under
+number of cache blocks; everything else (hidden size, heads, block size) is static. Dynamo would
+specialise a size of 1 into a graph of its own, so a one-sequence decode is padded with a dummy
+row (slot -1: its K/V land in the scratch block, its logits are dropped) and block tables are at
+least 2 wide: the warm-up compiles exactly one graph (the compile is most of the start-up cost:
+about a minute of CPU for SmolLM2's 30 layers) and then checks that 1 and 3 sequences run
+without compiling. The one-row padding costs next to nothing: a decode's projections and LM
+head stream the weights once whether they multiply 1 row or 2. Serving calls run under
 `torch.compiler.set_stance("fail_on_recompile")`: a call that would need a new graph raises
 `CompiledDecodeUnavailable` instead of stalling a step for tens of seconds, and the caller runs
 that step eagerly. inductor's on-disk cache (torch's default directory, `TORCHINDUCTOR_CACHE_DIR`
@@ -21,6 +25,7 @@ when set) makes a restart's compile a cache load.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -35,10 +40,10 @@ from engine.errors import EngineError
 
 logger = logging.getLogger(__name__)
 
-# Batch sizes compiled at warm-up (size 1 is its own graph) and the one checked afterwards.
-WARM_UP_NUM_SEQS = (1, 2)
-CHECK_NUM_SEQS = 3
-MIN_BLOCK_TABLE_WIDTH = 2   # a width of 1 would be specialised into a third graph
+MIN_NUM_SEQS = 2            # smaller decodes are padded: a batch of 1 would be a graph of its own
+MIN_BLOCK_TABLE_WIDTH = 2   # narrower block tables would be too
+WARM_UP_SHAPE = (2, 3)      # (sequences, block-table width) compiled at warm-up, then checked:
+CHECK_SHAPES = ((3, 2), (1, 4))
 
 
 class CompiledDecodeUnavailable(EngineError):
@@ -73,7 +78,7 @@ class CompiledDecode:
 
     @property
     def ready(self) -> bool:
-        """True once both graphs are compiled and checked; never True after a failed warm-up."""
+        """True once the graph is compiled; False again if the warm-up's checks then fail."""
         return self._ready.is_set()
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -96,10 +101,11 @@ class CompiledDecode:
                            type(error).__name__, error)
 
     def warm_up(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], scratch_block: int) -> None:
-        """Compile the graphs for 1 and for 2+ sequences on dummy decodes that read and write only
-        `scratch_block` of `kv_caches` (a block the block pool never hands out, so this may run
-        while other threads serve from the same caches), then check that 3 sequences run without
-        compiling. Sets `ready`; raises what compiling raised (and records it in `error`)."""
+        """Compile the graph on dummy decodes that read and write only `scratch_block` of
+        `kv_caches` (a block the block pool never hands out, so this may run while other threads
+        serve from the same caches), then check that other batch sizes and widths (CHECK_SHAPES)
+        run without compiling. Sets `ready`; raises what compiling raised (and records it in
+        `error`)."""
         start = time.perf_counter()
         try:
             # freezing must be on while dynamo traces (it then installs the weights as graph constants,
@@ -107,21 +113,21 @@ class CompiledDecode:
             # dims one symbol and guard on their equality
             with (torch.inference_mode(), inductor_config.patch(freezing=self.freezing),
                   fx_config.patch(use_duck_shape=False)):
-                for num_seqs in WARM_UP_NUM_SEQS:
-                    self._call(*_dummy_decode(num_seqs, num_seqs + 1, scratch_block, kv_caches), allow_compile=True)
+                self._call(*_dummy_decode(*WARM_UP_SHAPE, scratch_block, kv_caches), allow_compile=True)
+            self._ready.set()
             with torch.inference_mode():
-                self._call(*_dummy_decode(CHECK_NUM_SEQS, MIN_BLOCK_TABLE_WIDTH, scratch_block, kv_caches),
-                           allow_compile=False)
+                for shape in CHECK_SHAPES:
+                    self.run(*_dummy_decode(*shape, scratch_block, kv_caches))
         except BaseException as error:
+            self._ready.clear()
             self.error = error
             self._finished.set()
             raise
         self.compile_seconds = time.perf_counter() - start
-        self._ready.set()
         self._finished.set()
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-        logger.info("compiled decode step ready in %.1f s (graphs for 1 and 2+ sequences, freezing=%s, "
+        logger.info("compiled decode step ready in %.1f s (one graph for every batch size, freezing=%s, "
                     "inductor cache %s)", self.compile_seconds, self.freezing, cache_dir())
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -129,12 +135,17 @@ class CompiledDecode:
         """Float32 logits `[num_seqs, vocab_size]` of a decode-only step, K/V written to `kv_caches`.
 
         input_ids, positions: int64 [num_seqs]; meta: decode_only=True, block_tables with at least
-        MIN_BLOCK_TABLE_WIDTH columns. Raises CompiledDecodeUnavailable before `ready`, or when the
-        call would compile a new graph (nothing was written then).
+        MIN_BLOCK_TABLE_WIDTH columns (the caches' last block is their scratch block). Raises
+        CompiledDecodeUnavailable before `ready`, or when the call would compile a new graph
+        (nothing was written then).
         """
         if not self._ready.is_set():
             raise CompiledDecodeUnavailable("the compiled decode step is not ready")
-        return self._call(input_ids, positions, kv_caches, meta, allow_compile=False)
+        num_seqs = input_ids.shape[0]
+        if num_seqs < MIN_NUM_SEQS:
+            input_ids, positions, meta = _pad_batch(input_ids, positions, meta, MIN_NUM_SEQS - num_seqs)
+        logits = self._call(input_ids, positions, kv_caches, meta, allow_compile=False)
+        return logits[:num_seqs] if num_seqs < MIN_NUM_SEQS else logits
 
     def _call(self, input_ids: torch.Tensor, positions: torch.Tensor,
               kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
@@ -157,6 +168,21 @@ class CompiledDecode:
             if "fail_on_recompile" not in str(error):
                 raise
             raise CompiledDecodeUnavailable(f"the compiled decode step would recompile: {error}") from error
+
+
+def _pad_batch(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+               pad: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The decode with `pad` dummy sequences appended: token 0 at position 0, slot -1 (written to the
+    scratch slot), one key (read from block 0, harmless), block table all -1. Only the tensors the
+    compiled graph reads are padded."""
+    tables = meta.block_tables
+    padded = dataclasses.replace(
+        meta,
+        slot_mapping=torch.cat([meta.slot_mapping, meta.slot_mapping.new_full((pad,), -1)]),
+        block_tables=torch.cat([tables, tables.new_full((pad, tables.shape[1]), -1)]),
+        seq_lens=torch.cat([meta.seq_lens, meta.seq_lens.new_ones(pad)]))
+    return (torch.cat([input_ids, input_ids.new_zeros(pad)]), torch.cat([positions, positions.new_zeros(pad)]),
+            padded)
 
 
 def _dummy_decode(num_seqs: int, table_width: int, scratch_block: int,

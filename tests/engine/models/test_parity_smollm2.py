@@ -2,7 +2,7 @@
 loader, both float32: same logits within atol 1e-3 (observed: bit-identical) and the same 32
 greedy tokens for two chat prompts decoded together in one paged batch. The compiled decode step
 (engine/compiled_decode.py) against our eager float32 forward: logits within atol 1e-3 and the same
-greedy tokens, in its batch-of-2 and batch-of-1 graphs."""
+greedy tokens, for batches of 2 and of 1 (padded to 2)."""
 
 from __future__ import annotations
 
