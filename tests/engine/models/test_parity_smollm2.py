@@ -89,6 +89,7 @@ def test_greedy_decode_matches_transformers(loaded: LoadedModel, smollm2_hf_mode
         torch.testing.assert_close(torch.stack(our_logits[i]), expected, atol=ATOL, rtol=0)
 
 
+@pytest.mark.timeout(1800)     # a cold compile of 30 layers: ~1-2 min of CPU, many more on a busy box
 @torch.inference_mode()
 def test_compiled_decode_matches_eager(loaded: LoadedModel) -> None:
     """Both paths decode the eager path's greedy tokens (teacher-forced) from the same prefill, in
