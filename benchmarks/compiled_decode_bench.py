@@ -115,7 +115,10 @@ def main() -> int:
     compiled.warm_up(runner.kv_caches, runner.scratch_block)
     result: dict = {"dtype": args.dtype, "threads": torch.get_num_threads(), "freezing": not args.no_freezing,
                     "warm_up_s": round(compiled.compile_seconds or 0.0, 1),
-                    "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "cases": []}
+                    "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+                    "cache_counters": {k: v for k, v in torch._dynamo.utils.counters["inductor"].items()
+                                       if "cache" in k},
+                    "cases": []}
     attention = torch.compile(paged_decode_attention, dynamic=False)
     with torch.inference_mode():
         for batch, context in batches:
