@@ -3,15 +3,17 @@
 ONE JSON line.
 
 Loads the default SmolLM2 GGUF through engine/ (float32, or `--dtype bfloat16`: the float32 load
-cast to bf16, KV cache too), fills a KV cache of blocks handed out in shuffled order (as in a server
-that has run a while) for `--batches` (B x context) and times, per batch, the model forward plus the
-LM head of one decode step: eager (the engine's path today: gather + SDPA attention) against
-`CompiledDecode` (engine/compiled_decode.py), taking turns, `--repeats` each, medians in ms. It also
-times one step's attention alone (30 layers' worth, same cache): `_decode_ref` (index_select
-gather + SDPA) against compiled `paged_decode_attention`; the warm-up (compile) seconds, which are
-"cold" with an empty inductor cache (`--inductor-cache` a fresh folder) and "warm" on a second run
-with the same folder; and the logit difference between the two paths. Not a test: figures depend
-on the machine and on what else runs on it; compare ratios from one run.
+cast to bf16, KV cache too), fills a KV cache of blocks handed out in shuffled order (as in a
+server that has run a while) for `--batches` (B x context; the K/V of one real prefill copied to
+every sequence) and times, per batch, the model forward plus the LM head of one decode step:
+eager (the engine's path today: gather + SDPA attention) against `CompiledDecode`
+(engine/compiled_decode.py), taking turns, `--repeats` each, medians in ms. It also times one
+step's attention alone (30 layers' worth, same cache): `_decode_ref` (index_select gather + SDPA)
+against compiled `paged_decode_attention`; the warm-up (compile) seconds, "cold" with an empty
+inductor cache (`--inductor-cache` a fresh folder) and "warm" on a second run with the same folder
+(`cache_counters` says what inductor's caches served); and the logit difference between the
+two paths. Not a test: figures depend on the machine and on what else runs on it; compare ratios
+from one run.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def fill_cache(runner, batch: int, context: int, seed: int) -> list[list[int]]:
-    """Random K/V for `batch` sequences of `context` tokens in shuffled blocks; their block tables."""
+    """Real K/V for `batch` sequences of `context` tokens in shuffled blocks; their block tables.
+    One eager prefill of `context` random tokens, its blocks then copied to every sequence's."""
     import torch
 
     bs = runner.block_size
@@ -48,11 +51,30 @@ def fill_cache(runner, batch: int, context: int, seed: int) -> list[list[int]]:
     order = list(range(runner.num_blocks))
     random.Random(seed).shuffle(order)
     tables = [order[i * per_seq:(i + 1) * per_seq] for i in range(batch)]
-    gen = torch.Generator().manual_seed(seed)
-    for k_cache, v_cache in runner.kv_caches:
-        k_cache.normal_(generator=gen)
-        v_cache.normal_(generator=gen)
+    ids = torch.randint(0, 49152, (context,), generator=torch.Generator().manual_seed(seed))
+    first = tables[0]
+    meta = prefill_metadata(runner, first, context)
+    runner.model(ids, torch.arange(context), runner.kv_caches, meta)
+    src = torch.tensor(first)
+    for table in tables[1:]:
+        for k_cache, v_cache in runner.kv_caches:
+            k_cache[torch.tensor(table)] = k_cache[src]
+            v_cache[torch.tensor(table)] = v_cache[src]
     return tables
+
+
+def prefill_metadata(runner, table: list[int], context: int):
+    import torch
+
+    from engine.attention_metadata import AttentionMetadata
+
+    bs = runner.block_size
+    return AttentionMetadata(
+        slot_mapping=torch.tensor([table[p // bs] * bs + p % bs for p in range(context)]),
+        block_tables=torch.tensor([table], dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, context], dtype=torch.int32),
+        seq_lens=torch.tensor([context], dtype=torch.int32), query_lens=[context], seq_lens_list=[context],
+        num_decodes=0, block_size=bs, max_query_len=context, max_seq_len=context)
 
 
 def decode_inputs(runner, tables: list[list[int]], context: int, decode_only: bool):

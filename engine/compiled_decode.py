@@ -20,7 +20,10 @@ head stream the weights once whether they multiply 1 row or 2. Serving calls run
 `torch.compiler.set_stance("fail_on_recompile")`: a call that would need a new graph raises
 `CompiledDecodeUnavailable` instead of stalling a step for tens of seconds, and the caller runs
 that step eagerly. inductor's on-disk cache (torch's default directory, `TORCHINDUCTOR_CACHE_DIR`
-when set) makes a restart's compile a cache load.
+when set) keeps the compiled C++ kernels across restarts; the graph itself is traced and lowered
+again at every start, because inductor's FX graph cache bypasses graphs whose frozen constants
+are oneDNN-packed float32 weights ("mkldnn tensors unpickleable") and AOTAutograd's cache bypasses
+frozen graphs (torch 2.13).
 """
 
 from __future__ import annotations
@@ -62,8 +65,10 @@ class CompiledDecode:
 
     `model`: a CausalLM in eval mode whose weights no longer change (`freezing` folds them into
     the graph as constants; call nothing that changes weights afterwards). `warm_up` compiles
-    (blocking, 30-90 s cold on 2 cores, a few seconds from inductor's cache); `start_warm_up` does it
+    (blocking; for SmolLM2 about a minute of CPU on a quiet 2-core box, several on a busy one); `start_warm_up` does it
     on a background thread while the eager path serves. Thread-safe: `ready` is an Event.
+    `freezing=False` cannot lower the oneDNN-packed float32 projections (inductor's
+    `_linear_pointwise` lowering needs constant weights); it is there for weight formats that can.
     """
 
     def __init__(self, model: Any, freezing: bool = True) -> None:
