@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-threads", type=int, default=None,
                        help="torch CPU threads (default: every core this process may use)")
     serve.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True,
+        help="compile the decode step with torch.compile in the background at start-up (CPU; eager "
+             "serves until it is ready; inductor caches it on disk); --no-compile stays eager",
+    )
+    serve.add_argument(
         "--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
         help="requests waiting to run at which new ones get 429 with Retry-After",
     )
@@ -212,6 +217,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
         num_threads=args.num_threads,
+        compile_decode=args.compile,
         chat_template=chat_template,
         max_waiting_requests=args.max_waiting_requests,
         request_timeout_s=args.request_timeout or None,

@@ -37,6 +37,10 @@ class EngineConfig:
         the engine aborts it with RequestTimedOut and frees its blocks; None = no limit.
     grammar: structured-output backend choice, compile timeout and cache size.
     lora: LoRA limits and startup adapters; None = LoRA off (`--enable-lora` not given).
+    compile_decode: compile the decode step (engine/compiled_decode.py) on a background thread at
+        start-up, CPU only; the eager path serves until it is ready and keeps prefill, mixed and
+        LoRA steps. Off here so that library and test engines stay eager unless asked; the CLI's
+        `--compile` (the default of `structserve serve`) turns it on.
     """
 
     model: str | None = None
@@ -58,6 +62,7 @@ class EngineConfig:
     request_timeout_s: float | None = None
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     lora: LoraConfig | None = None
+    compile_decode: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):

@@ -24,7 +24,7 @@ from engine.models.quantized_tensor import SourceWeight, dequantize
 from engine.models.rope import apply_rope, rope_cos_sin_cache, rope_inv_freq
 from engine.models.token_embedding import TokenEmbedding
 from engine.models.weight_plan import Role, WeightBuilder, WeightSummary
-from kernels.paged_attention import paged_attention, write_kv
+from kernels.paged_attention import paged_attention, paged_decode_attention, write_kv, write_kv_scratch
 from lora.targets import LoraModelSpec, llama_lora_spec
 
 if TYPE_CHECKING:
@@ -119,11 +119,15 @@ class DecoderLayer(nn.Module):
             q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps)
             k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
-            meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
-        )
+        if meta.decode_only:   # the compiled decode step: no host sync, blocks read in place
+            write_kv_scratch(k, v, k_cache, v_cache, meta.slot_mapping)
+            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
+        else:
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            out = paged_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
+                meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
+            )
         out = out.view(num_tokens, self.q_size)
         o = self.o_proj(out)
         if lora is not None:
