@@ -13,6 +13,7 @@ from engine.compiled_decode import MIN_BLOCK_TABLE_WIDTH, CompiledDecode, Compil
 from engine.errors import ModelLoadError
 from engine.scheduler import SchedulerOutput
 from lora.batch import LoraBatch
+from engine.kv_memory import zeroed_cache
 from lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
@@ -58,10 +59,8 @@ class ModelRunner:
                 f"fewer than max_model_len {max_model_len}; raise it or lower --max-model-len")
         self.scratch_block = self.num_blocks
         shape = (self.num_blocks + 1, block_size, arch.num_kv_heads, arch.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(arch.num_layers)
-        ]
+        caches = zeroed_cache(2 * arch.num_layers, shape, dtype, device)
+        self.kv_caches = [(caches[2 * i], caches[2 * i + 1]) for i in range(arch.num_layers)]
 
     def prepare(self, sched: SchedulerOutput, decode_only: bool = False
                 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
