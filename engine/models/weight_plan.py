@@ -3,6 +3,7 @@ types, the device and dtype, the CPU's features, and a crossover measured at loa
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -14,11 +15,21 @@ from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, cat_rows, dequantize
 from engine.models.weight_format import WeightFormat, cpu_has_native_bf16, large_batch_format
 
+logger = logging.getLogger(__name__)
+
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
 Role = Literal["layer", "head"]
 
 
 @dataclass(frozen=True, slots=True)
+# A measured crossover never drops the decoder layers' int4/int8 copies below 2 rows: a busy machine
+# at load time makes the small copies' OpenMP regions stall and can time them 20x slower than on a
+# quiet one (seen: 448 ms vs 24 ms per pass, where a quiet box measured 4.9 vs 12.9 ms), and the
+# compiled decode step pads a lone sequence to 2 rows, so a floor of 2 keeps c=1 on the copies
+# that stream 4x fewer bytes. The LM head's int8 copy has no floor (bf16 matches it at 1-2 rows).
+MIN_MEASURED_CROSSOVER = {"layer": 2}
+
+
 class WeightSummary:
     """What the loaded model holds: per role ("layer" = the decoder projections, "head" = the LM
     head, "embedding" = the lookup's own bytes), the formats, the resident bytes per copy
@@ -116,7 +127,10 @@ class WeightBuilder:
         if self.crossover_rows is not None:
             crossovers = {name: self.crossover_rows for name in with_small}
         else:
-            crossovers = measure_crossovers(with_small) if with_small else {}
+            measured = measure_crossovers(with_small) if with_small else {}
+            crossovers = {name: max(rows, MIN_MEASURED_CROSSOVER.get(name, 0)) for name, rows in measured.items()}
+            if crossovers != measured:
+                logger.info("crossover rows raised to the floor %s: %s", MIN_MEASURED_CROSSOVER, crossovers)
         formats: dict[str, str] = {}
         resident: dict[str, dict[str, int]] = {}
         for name, projs in groups.items():
