@@ -21,7 +21,6 @@ QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
 Role = Literal["layer", "head"]
 
 
-@dataclass(frozen=True, slots=True)
 # A measured crossover never drops the decoder layers' int4/int8 copies below 2 rows: a busy machine
 # at load time makes the small copies' OpenMP regions stall and can time them 20x slower than on a
 # quiet one (seen: 448 ms vs 24 ms per pass, where a quiet box measured 4.9 vs 12.9 ms), and the
@@ -30,6 +29,7 @@ Role = Literal["layer", "head"]
 MIN_MEASURED_CROSSOVER = {"layer": 2}
 
 
+@dataclass(frozen=True, slots=True)
 class WeightSummary:
     """What the loaded model holds: per role ("layer" = the decoder projections, "head" = the LM
     head, "embedding" = the lookup's own bytes), the formats, the resident bytes per copy
