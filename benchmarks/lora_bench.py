@@ -141,8 +141,8 @@ def bench_in_process(args: argparse.Namespace, gguf: Path, folders: list[Path]) 
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    loaded = load_model(str(gguf), dtype, device, 1024)
-    configure_threads(None, loaded.arch.hidden_size, loaded.arch.intermediate_size)   # as the server does
+    configure_threads(None)   # as the server does, before the load (it measures the formats' crossover)
+    loaded = load_model(str(gguf), dtype, device, 1024, quantization="auto")
     lora = LoraConfig(max_loras=len(folders), max_lora_rank=args.rank,
                       modules=tuple(LoraModuleSpec(f"ad{i}", str(f)) for i, f in enumerate(folders)))
     config = EngineConfig(max_num_seqs=args.concurrency, kv_cache_memory_bytes=1024**3, lora=lora)

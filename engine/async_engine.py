@@ -79,9 +79,10 @@ class AsyncEngine:
 
         device = _pick_device(config.device)
         dtype = _pick_dtype(config.dtype, device)
-        loaded = load_model(config.model, dtype=dtype, device=device, max_model_len=config.max_model_len)
-        if device.type == "cpu":
-            configure_threads(config.num_threads, loaded.arch.hidden_size, loaded.arch.intermediate_size)
+        if device.type == "cpu":   # before the load: it measures the weight formats' crossover
+            configure_threads(config.num_threads)
+        loaded = load_model(config.model, dtype=dtype, device=device, max_model_len=config.max_model_len,
+                            quantization=config.quantization)
         max_model_len = loaded.max_model_len
         torch.manual_seed(config.seed)
         engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len)

@@ -20,6 +20,11 @@ class AttentionMetadata:
     cu_seqlens_q: int32 [num_seqs + 1]. seq_lens: int32 [num_seqs], KV length after the step.
     query_lens / seq_lens_list: the same numbers as Python lists (CPU paths avoid .tolist()).
     num_decodes: the first `num_decodes` sequences have query_len 1 (decodes come first).
+    decode_only: every sequence is a decode and the step runs as the compiled decode graph
+        (engine/compiled_decode.py): attention reads the cache in place
+        (`kernels.paged_attention.paged_decode_attention`) and slot -1 writes go to the cache's
+        scratch block; only the tensors and this flag are read, so the graph never specialises on
+        the Python lists and ints below. block_tables then has at least 2 columns.
     """
 
     slot_mapping: torch.Tensor
@@ -32,3 +37,4 @@ class AttentionMetadata:
     block_size: int
     max_query_len: int
     max_seq_len: int
+    decode_only: bool = False

@@ -23,7 +23,11 @@ class EngineConfig:
     dtype: "auto" (float32 on CPU, bfloat16 on CUDA), "float32", "bfloat16" or "float16".
     max_model_len: tokens per sequence (prompt + output); None = the model's own limit capped at 8192.
     kv_cache_memory_bytes: bytes for all layers' K and V blocks together.
-    num_threads: torch intra-op threads on CPU; None = measured default (see engine/threads.py).
+    quantization: weight formats (engine/models/weight_plan.py): "auto" = the checkpoint's own
+        precision (a GGUF's Q4_0/Q4_1 layers as int4, Q8_0 as int8, with a bf16/float32 copy for
+        batches past a crossover measured at load; float checkpoints stay float), "none" = dequantized
+        to `dtype` (the float32 parity reference), "int8" / "int4" = quantized at load (CPU only).
+    num_threads: torch intra-op threads on CPU; None = every core the process may use (engine/threads.py).
     long_prefill_token_threshold: most prompt tokens one sequence prefills per step (vLLM's flag of
         that name), so a long prompt cannot hold a step, and an abort, for seconds; 0 = no cap,
         None = DEFAULT_CPU_LONG_PREFILL_TOKENS on CPU and no cap on CUDA.
@@ -33,11 +37,16 @@ class EngineConfig:
         the engine aborts it with RequestTimedOut and frees its blocks; None = no limit.
     grammar: structured-output backend choice, compile timeout and cache size.
     lora: LoRA limits and startup adapters; None = LoRA off (`--enable-lora` not given).
+    compile_decode: compile the decode step (engine/compiled_decode.py) on a background thread at
+        start-up, CPU only; the eager path serves until it is ready and keeps prefill, mixed and
+        LoRA steps. Off here so that library and test engines stay eager unless asked; the CLI's
+        `--compile` (the default of `structserve serve`) turns it on.
     """
 
     model: str | None = None
     served_model_name: str | None = None
     dtype: str = "auto"
+    quantization: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 64
@@ -53,6 +62,7 @@ class EngineConfig:
     request_timeout_s: float | None = None
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     lora: LoraConfig | None = None
+    compile_decode: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -66,5 +76,9 @@ class EngineConfig:
             raise InvalidSamplingParams("max_waiting_requests must be >= 1", param="max_waiting_requests")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise InvalidSamplingParams("request_timeout_s must be > 0 (None: no limit)", param="request_timeout_s")
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            raise InvalidSamplingParams("quantization must be auto, none, int8 or int4", param="quantization")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise InvalidSamplingParams("num_threads must be >= 1", param="num_threads")
         if self.kv_cache_memory_bytes <= 0:
             raise InvalidSamplingParams("kv_cache_memory_bytes must be > 0", param="kv_cache_memory")

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+try:
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers without DecodeStream (< 0.21): every tokenizer takes the window path
+    Tokenizer = DecodeStream = None  # type: ignore[assignment,misc]
+
 REPLACEMENT_CHAR = "\ufffd"
 
 
@@ -18,6 +24,11 @@ class IncrementalDetokenizer:
     `max(len(stop)) - 1` characters until it is known that no stop string starts there, so a stop
     string split across tokens never leaks. `text` is everything decoded so far; `released`
     counts the characters already handed out.
+
+    With a Hugging Face fast tokenizer (a Rust `tokenizers.Tokenizer` behind it), the text comes
+    from `tokenizers.decoders.DecodeStream` instead (the same windowed decode in Rust, ~1 us per
+    token instead of two Python-level decodes, ~15-30 us); `stream_start` is then the first
+    token whose text it has not yet returned (an incomplete character), decoded at `flush`.
     """
 
     tokenizer: Any
@@ -29,6 +40,13 @@ class IncrementalDetokenizer:
     released: int = 0
     prefix_offset: int = 0
     read_offset: int = 0
+    stream: Any = None
+    stream_start: int = 0
+
+    def __post_init__(self) -> None:
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        if DecodeStream is not None and isinstance(backend, Tokenizer):
+            self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
@@ -40,6 +58,15 @@ class IncrementalDetokenizer:
         After a stop string matches, the delta ends where the stop string starts (or after it
         with include_stop_str_in_output) and the caller must finish the sequence.
         """
+        if self.stream is not None:
+            backend = self.tokenizer._tokenizer
+            for token_id in new_token_ids:
+                self.token_ids.append(token_id)
+                chunk = self.stream.step(backend, token_id)
+                if chunk is not None:
+                    self.text += chunk
+                    self.stream_start = len(self.token_ids)
+            return self._release(final=False)
         for token_id in new_token_ids:
             self.token_ids.append(token_id)
             prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
@@ -53,6 +80,11 @@ class IncrementalDetokenizer:
     def flush(self) -> str:
         """Release everything still held back (the sequence ended without a stop string),
         including a trailing incomplete character as U+FFFD."""
+        if self.stream is not None:
+            if self.stream_start < len(self.token_ids):
+                self.text += self._decode(self.token_ids[self.stream_start:])
+                self.stream_start = len(self.token_ids)
+            return self._release(final=True)[0]
         tail = self._decode(self.token_ids[self.prefix_offset:])
         prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
         if len(tail) > len(prefix_text):

@@ -1,5 +1,5 @@
-"""Reading a GGUF file: a Hugging Face-style config from its metadata, and its tensors dequantized
-under Hugging Face names (so `CausalLM.load_weights` serves both formats)."""
+"""Reading a GGUF file: a Hugging Face-style config from its metadata, and its tensors under Hugging
+Face names (so `CausalLM.load_weights` serves both formats), quantized blocks kept as they are."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import torch
 from tqdm import tqdm
 
 from engine.errors import ModelLoadError
+from engine.gguf_blocks import BLOCK_TYPES, unpack_blocks
+from engine.models.quantized_tensor import SourceWeight
 
 # GGUF `general.architecture` -> Hugging Face architecture name.
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -131,18 +133,26 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
-def iter_gguf_weights(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield `(hf_name, float32 tensor)` for every tensor, dequantized, q/k rows restored to the
-    Hugging Face layout for llama-arch files; shows a tqdm bar over the tensors."""
+def iter_gguf_weights(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, SourceWeight]]:
+    """Yield `(hf_name, weight)` for every tensor: Q4_0/Q4_1 as Int4Groups and Q8_0 as Int8Groups
+    (the file's values, unpacked, engine/gguf_blocks.py), other types dequantized to float32; q/k
+    rows restored to the Hugging Face layout for llama-arch files. Shows a tqdm bar over the tensors."""
     permuted = config["architectures"][0] == "LlamaForCausalLM"
     heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     for tensor in tqdm(reader.tensors, desc="Loading weights", unit="tensor"):
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        if not array.flags.writeable:  # F32 tensors come back as views of the read-only map
-            array = np.array(array)
-        weight = torch.from_numpy(array).reshape([int(d) for d in reversed(tensor.shape)])
+        shape = [int(d) for d in reversed(tensor.shape)]
+        weight: SourceWeight
+        if tensor.tensor_type in BLOCK_TYPES and len(shape) == 2:
+            weight = unpack_blocks(tensor.data, tensor.tensor_type, shape)
+        else:
+            array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+            if not array.flags.writeable:  # F32 tensors come back as views of the read-only map
+                array = np.array(array)
+            weight = torch.from_numpy(array).reshape(shape)
         name = hf_tensor_name(tensor.name)
         proj = name.split(".")[-2]
         if permuted and proj in heads:
-            weight = unpermute_rope_rows(weight, heads[proj])
+            count = heads[proj]
+            weight = (unpermute_rope_rows(weight, count) if isinstance(weight, torch.Tensor)
+                      else weight.map_rows(lambda rows, count=count: unpermute_rope_rows(rows, count)))
         yield name, weight

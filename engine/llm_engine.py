@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from engine.block_pool import BlockPool
+from engine.compiled_decode import CompiledDecode
 from engine.config import DEFAULT_CPU_LONG_PREFILL_TOKENS, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import ContextLengthExceeded, EngineStepError, InvalidSamplingParams
@@ -55,14 +56,26 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, model: Any, arch: Any, tokenizer: Any,
                  device: torch.device, dtype: torch.dtype, max_model_len: int,
-                 on_grammar_ready: Callable[[], None] | None = None) -> None:
+                 on_grammar_ready: Callable[[], None] | None = None,
+                 compiled_decode: CompiledDecode | None = None) -> None:
+        """`compiled_decode`: a compiled decode step of `model` to use as it is (warmed up or warming
+        up by its owner; tests share one); without it, `config.compile_decode` builds one and
+        warms it up on a background thread (CPU only)."""
         self.config = config
         self.tokenizer = tokenizer
         self.arch = arch
         self.max_model_len = max_model_len
         self.lora = LoraManager(config.lora, model.lora_spec(), dtype, device) if config.lora else None
+        start_compile = compiled_decode is None and config.compile_decode and device.type == "cpu"
+        if start_compile:
+            compiled_decode = CompiledDecode(model)
+        elif compiled_decode is None and config.compile_decode:
+            logger.info("compile_decode: the compiled decode step is built for CPU only; %s runs eager",
+                        device.type)
         self.runner = ModelRunner(model, arch, device, dtype, config.block_size,
-                                  config.kv_cache_memory_bytes, max_model_len, self.lora)
+                                  config.kv_cache_memory_bytes, max_model_len, self.lora, compiled_decode)
+        if start_compile and compiled_decode is not None:
+            compiled_decode.start_warm_up(self.runner.kv_caches, self.runner.scratch_block)
         self.block_pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len,
@@ -196,7 +209,8 @@ class LLMEngine:
             closed_outputs=self.structured.num_closed_outputs,
             grammar_cache_hits=self.structured.compiler.stats().cache_hits,
             grammar_compile_seconds=self.structured.compile_seconds.snapshot(),
-            lora_adapters_resident=self.lora.num_resident_adapters if self.lora is not None else 0)
+            lora_adapters_resident=self.lora.num_resident_adapters if self.lora is not None else 0,
+            compiled_steps=self.runner.num_compiled_steps, eager_steps=self.runner.num_eager_steps)
 
     def has_work(self) -> bool:
         """True while any request is waiting or running."""

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 from engine.errors import ModelLoadError
 from engine.gguf_weights import gguf_config, iter_gguf_weights, open_gguf
 from engine.models import ModelArch, get_model_class
+from engine.models.weight_plan import WeightSummary
 from engine.safetensors_weights import iter_safetensors_weights, read_hf_config
 from engine.tokenizer_loader import load_tokenizer
 
@@ -30,7 +31,8 @@ MAX_DEFAULT_MODEL_LEN = 8192  # cap on max_model_len when the caller leaves it t
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     """A model ready to run. `name` is what /v1/models lists (GGUF file stem or folder name);
-    `max_model_len` bounds prompt + output tokens per sequence (and the model's RoPE table)."""
+    `max_model_len` bounds prompt + output tokens per sequence (and the model's RoPE table);
+    `weights` names the formats each weight is held in and their resident bytes."""
 
     model: CausalLM
     arch: ModelArch
@@ -39,6 +41,7 @@ class LoadedModel:
     path: str
     num_params: int
     max_model_len: int
+    weights: WeightSummary
 
 
 def default_model_path() -> str:
@@ -69,10 +72,14 @@ def resolve_max_model_len(arch: ModelArch, max_model_len: int | None) -> int:
 
 
 def load_model_weights(
-    path: str, dtype: torch.dtype, device: torch.device, max_model_len: int | None = None
+    path: str, dtype: torch.dtype, device: torch.device, max_model_len: int | None = None,
+    quantization: str = "none", crossover_rows: int | None = None,
 ) -> tuple[CausalLM, ModelArch, int]:
     """Build the model of a GGUF file or Hugging Face folder without its tokenizer.
 
+    `quantization` ("auto", "none", "int8", "int4"; engine/models/weight_plan.py) chooses the
+    weight formats; "none" (the default here) is the float reference path in `dtype`.
+    `crossover_rows`: rows served by the int4/int8 copies; None = measured at load.
     Returns (model in eval mode on `device` in `dtype`, arch, resolved max_model_len).
     Raises ModelLoadError for a missing path, unreadable or unsupported files, unsupported
     architectures or quantization types, and weights that do not match the config.
@@ -94,25 +101,30 @@ def load_model_weights(
     arch = ModelArch.from_hf_config(config)
     resolved_len = resolve_max_model_len(arch, max_model_len)
     model = model_cls(arch, resolved_len, dtype, device)
-    model.load_weights(weights)
+    model.load_weights(weights, model.weight_builder(quantization, crossover_rows))
     return model.eval(), arch, resolved_len
 
 
 def load_model(
-    path: str | None, dtype: torch.dtype, device: torch.device, max_model_len: int | None
+    path: str | None, dtype: torch.dtype, device: torch.device, max_model_len: int | None,
+    quantization: str = "none", crossover_rows: int | None = None,
 ) -> LoadedModel:
-    """Load weights and tokenizer of `path` (None = the default SmolLM2 GGUF) and log one line.
+    """Load weights and tokenizer of `path` (None = the default SmolLM2 GGUF) and log one line. `quantization`, `crossover_rows`: see `load_model_weights`.
     Raises ModelLoadError (see `load_model_weights`, `default_model_path`, `load_tokenizer`)."""
     start = time.perf_counter()
     resolved_path = path if path is not None else default_model_path()
-    model, arch, resolved_len = load_model_weights(resolved_path, dtype, device, max_model_len)
+    model, arch, resolved_len = load_model_weights(resolved_path, dtype, device, max_model_len, quantization,
+                                                   crossover_rows)
     tokenizer = load_tokenizer(resolved_path)
     source = Path(resolved_path)
     name = source.stem if source.suffix == ".gguf" else source.resolve().name
-    num_params = sum(param.numel() for param in model.parameters())
+    num_params = model.num_parameters()
+    weights = model.weight_summary
+    assert weights is not None
     logger.info(
         "loaded model %s (%s): dtype=%s, %.1fM parameters, max_model_len=%d, %.1f s",
         name, arch.architecture, str(dtype).removeprefix("torch."), num_params / 1e6, resolved_len,
         time.perf_counter() - start,
     )
-    return LoadedModel(model, arch, tokenizer, name, str(source), num_params, resolved_len)
+    logger.info("weights: %s", weights.describe())
+    return LoadedModel(model, arch, tokenizer, name, str(source), num_params, resolved_len, weights)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 import torch
 
 from engine.attention_metadata import AttentionMetadata
+from engine.compiled_decode import MIN_BLOCK_TABLE_WIDTH, CompiledDecode, CompiledDecodeUnavailable
 from engine.errors import ModelLoadError
 from engine.scheduler import SchedulerOutput
 from lora.batch import LoraBatch
+from engine.kv_memory import zeroed_cache
 from lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
@@ -25,17 +28,25 @@ def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim
 class ModelRunner:
     """Holds the model and the paged KV cache; runs one step's flattened batch.
 
-    KV cache: per layer a (k_cache, v_cache) pair, each [num_blocks, block_size, num_kv_heads,
-    head_dim] in the model dtype on the model device, sized from `kv_cache_memory_bytes`.
+    KV cache: per layer a (k_cache, v_cache) pair, each [num_blocks + 1, block_size, num_kv_heads,
+    head_dim] in the model dtype on the model device: `num_blocks` (what the block pool hands out)
+    sized from `kv_cache_memory_bytes`, plus the scratch block `scratch_block` (= num_blocks) that
+    no sequence owns, where writes of slot -1 land and the compiled step's warm-up runs.
     Raises ModelLoadError when that memory cannot hold one max_model_len sequence.
     `lora` (None: LoRA off) gives each sequence's adapter slot for the per-token LoRA batch.
+    `compiled` (None: always eager) runs decode-only steps without LoRA rows once it is ready;
+    every other step, and any step it cannot run, runs the eager model. `num_compiled_steps` and
+    `num_eager_steps` count the steps each path ran.
     """
 
     def __init__(self, model: Any, arch: Any, device: torch.device, dtype: torch.dtype,
                  block_size: int, kv_cache_memory_bytes: int, max_model_len: int,
-                 lora: LoraManager | None = None) -> None:
+                 lora: LoraManager | None = None, compiled: CompiledDecode | None = None) -> None:
         self.model = model
         self.lora = lora
+        self.compiled = compiled
+        self.num_compiled_steps = 0
+        self.num_eager_steps = 0
         self.arch = arch
         self.device = device
         self.dtype = dtype
@@ -46,16 +57,18 @@ class ModelRunner:
             raise ModelLoadError(
                 f"--kv-cache-memory {kv_cache_memory_bytes} bytes holds {self.num_blocks * block_size} tokens, "
                 f"fewer than max_model_len {max_model_len}; raise it or lower --max-model-len")
-        shape = (self.num_blocks, block_size, arch.num_kv_heads, arch.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(arch.num_layers)
-        ]
+        self.scratch_block = self.num_blocks
+        shape = (self.num_blocks + 1, block_size, arch.num_kv_heads, arch.head_dim)
+        caches = zeroed_cache(2 * arch.num_layers, shape, dtype, device)
+        self.kv_caches = [(caches[2 * i], caches[2 * i + 1]) for i in range(arch.num_layers)]
 
-    def prepare(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    def prepare(self, sched: SchedulerOutput, decode_only: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         """Build (input_ids int64 [T], positions int64 [T], metadata, sample_idx int64 [num_sampling]).
 
         sample_idx holds the flat row of the last token of each sequence that samples this step.
+        `decode_only` (every sequence schedules one token) builds the compiled step's metadata:
+        `meta.decode_only` set and block tables at least MIN_BLOCK_TABLE_WIDTH wide.
         """
         bs = self.block_size
         input_ids: list[int] = []
@@ -79,6 +92,8 @@ class ModelRunner:
             if item.samples:
                 sample_idx.append(cu[-1] - 1)
         max_blocks = max(len(item.seq.block_table) for item in sched.scheduled)
+        if decode_only:
+            max_blocks = max(max_blocks, MIN_BLOCK_TABLE_WIDTH)
         block_tables = torch.full((len(sched.scheduled), max_blocks), -1, dtype=torch.int32)
         for i, item in enumerate(sched.scheduled):
             block_tables[i, :len(item.seq.block_table)] = torch.tensor(item.seq.block_table, dtype=torch.int32)
@@ -94,6 +109,7 @@ class ModelRunner:
             block_size=bs,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
+            decode_only=decode_only,
         )
         return (torch.tensor(input_ids, dtype=torch.int64, device=dev),
                 torch.tensor(positions, dtype=torch.int64, device=dev), meta,
@@ -114,9 +130,36 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> torch.Tensor:
         """Run the step; returns float32 [num_sampling, vocab_size] logits on the CPU, in the order
         of the sampling sequences in `sched.scheduled`. Writes this step's K/V into the cache."""
-        input_ids, positions, meta, sample_idx = self.prepare(sched)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.prepare_lora(sched))
+        lora = self.prepare_lora(sched)
+        compiled = self.compiled
+        decode_only = (compiled is not None and compiled.ready and lora is None
+                       and all(item.num_scheduled_tokens == 1 for item in sched.scheduled))
+        input_ids, positions, meta, sample_idx = self.prepare(sched, decode_only)
+        if decode_only:
+            logits = self._execute_compiled(input_ids, positions, meta, sample_idx)
+            if logits is not None:
+                return logits
+            meta = dataclasses.replace(meta, decode_only=False)
+        self.num_eager_steps += 1
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, lora)
         if sample_idx.numel() == 0:
             return torch.empty((0, self.arch.vocab_size), dtype=torch.float32)
         logits = self.model.compute_logits(hidden[sample_idx])
         return logits.float().cpu()
+
+    def _execute_compiled(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                          sample_idx: torch.Tensor) -> torch.Tensor | None:
+        """The decode step through the compiled graph: logits of the sampling rows, or None (the
+        caller then runs the step eagerly) when the graph cannot run it; that turns the compiled
+        step off for the rest of the run, with a warning, rather than retrying every step."""
+        assert self.compiled is not None
+        try:
+            logits = self.compiled.run(input_ids, positions, self.kv_caches, meta)
+        except CompiledDecodeUnavailable as error:
+            logger.warning("compiled decode step turned off, running eager from now on: %s", error)
+            self.compiled = None
+            return None
+        self.num_compiled_steps += 1
+        if sample_idx.numel() != logits.shape[0]:     # a one-token prefill chunk that does not sample
+            logits = logits.index_select(0, sample_idx)
+        return logits

@@ -20,7 +20,8 @@ class EngineStats:
 cut, ended instead by appending a grammar closing. grammar_cache_hits: grammar submits served by the compile cache.
     grammar_compile_seconds: wall seconds from submit to result of each compile that missed the cache
     (queueing on the compile pool and backend fallback included). lora_adapters_resident: adapters
-    now in GPU slots.
+    now in GPU slots. compiled_steps / eager_steps: forward passes run by the compiled decode
+    graph / by the eager model (prefill, mixed and LoRA steps, and decodes before the graph is ready).
     """
 
     num_requests_running: int
@@ -38,3 +39,5 @@ cut, ended instead by appending a grammar closing. grammar_cache_hits: grammar s
     grammar_cache_hits: int = 0
     grammar_compile_seconds: HistogramSnapshot = field(default_factory=HistogramSnapshot)
     lora_adapters_resident: int = 0
+    compiled_steps: int = 0
+    eager_steps: int = 0

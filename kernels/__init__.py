@@ -7,8 +7,10 @@ from kernels.paged_attention import (
     paged_attention,
     paged_attention_ref,
     paged_attention_triton,
+    paged_decode_attention,
     write_kv,
     write_kv_ref,
+    write_kv_scratch,
     write_kv_triton,
 )
 
@@ -24,7 +26,9 @@ __all__ = [
     "paged_attention",
     "paged_attention_ref",
     "paged_attention_triton",
+    "paged_decode_attention",
     "write_kv",
     "write_kv_ref",
+    "write_kv_scratch",
     "write_kv_triton",
 ]

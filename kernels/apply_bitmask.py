@@ -6,6 +6,8 @@ means token `32 * w + j` is allowed. Logits columns beyond `32 * width` are trea
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 try:
@@ -25,6 +27,22 @@ def _check(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         raise ValueError(f"bitmask has {bitmask.shape[0]} rows, logits {logits.shape[0]}")
 
 
+def _byte_limits(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[256, 8] table of `dtype` on `device`: entry [b, j] is +inf when bit j of byte b is set
+    (allowed) and -inf when it is clear, so `minimum(logit, entry)` keeps or masks the logit."""
+    bits = (torch.arange(256, device=device).unsqueeze(1) >> torch.arange(8, device=device)) & 1
+    inf = torch.tensor(float("inf"), dtype=dtype, device=device)
+    return torch.where(bits.bool(), inf, -inf)
+
+
+def _bitmask_bytes(rows: torch.Tensor) -> torch.Tensor:
+    """int32 [n, width] words -> uint8 [n, 4 * width] bytes, byte 4w + i holding bits 8i..8i+7 of word w."""
+    as_bytes = rows.contiguous().view(torch.uint8)
+    if sys.byteorder == "big":
+        as_bytes = as_bytes.view(rows.shape[0], -1, 4).flip(-1).reshape(rows.shape[0], -1)
+    return as_bytes
+
+
 def apply_bitmask_ref(
     logits: torch.Tensor,                     # [num_rows, vocab_size] float, any device; modified in place
     bitmask: torch.Tensor,                    # [num_rows, ceil(vocab_size / 32)] int32, any device
@@ -34,7 +52,10 @@ def apply_bitmask_ref(
 
     With `row_indices`, only those rows are masked, each with its own bitmask row (row r of the
     bitmask applies to row r of logits). The bitmask is moved to the logits' device.
-    Raises ValueError on mismatched ranks, dtype or row counts.
+    Vectorised without unpacking 32 shifts: each bitmask byte indexes a [256, 8] table of +inf /
+    -inf, and `minimum` with that row keeps or masks each logit (one gather and one elementwise
+    pass over [rows, vocab]; exact, since min(x, +inf) = x and min(x, -inf) = -inf; a NaN logit
+    stays NaN). Raises ValueError on mismatched ranks, dtype or row counts.
     """
     _check(logits, bitmask)
     vocab_size, width = logits.shape[1], bitmask.shape[1]
@@ -42,17 +63,19 @@ def apply_bitmask_ref(
     if row_indices is not None:
         row_indices = row_indices.to(logits.device, torch.long)
         rows = rows[row_indices]
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = ((rows.unsqueeze(-1) >> shifts) & 1).reshape(rows.shape[0], width * 32).bool()
-    if width * 32 >= vocab_size:
-        allowed = allowed[:, :vocab_size]
-    else:
-        pad = torch.zeros(rows.shape[0], vocab_size - width * 32, dtype=torch.bool, device=logits.device)
-        allowed = torch.cat([allowed, pad], dim=1)
-    if row_indices is None:
-        logits.masked_fill_(~allowed, float("-inf"))
-    else:
-        logits[row_indices] = logits[row_indices].masked_fill(~allowed, float("-inf"))
+    num_rows = rows.shape[0]
+    if num_rows == 0:
+        return
+    byte_ids = _bitmask_bytes(rows).reshape(-1).to(torch.int32)
+    limits = torch.index_select(_byte_limits(logits.dtype, logits.device), 0, byte_ids).view(num_rows, width * 32)
+    covered = min(vocab_size, width * 32)
+    target = logits if row_indices is None else logits.index_select(0, row_indices)
+    head = target[:, :covered]
+    torch.minimum(head, limits[:, :covered], out=head)
+    if covered < vocab_size:
+        target[:, covered:] = float("-inf")
+    if row_indices is not None:
+        logits.index_copy_(0, row_indices, target)
 
 
 if triton is not None:

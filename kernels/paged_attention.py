@@ -117,6 +117,63 @@ def _decode_ref(
     return attn.reshape(num_seqs, num_heads, head_dim)
 
 
+def write_kv_scratch(
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], contiguous
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim], contiguous
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    """`write_kv_ref` without its host check: one `index_copy_` per cache, rows with slot -1 sent
+    to the cache's last slot instead of being skipped, so the write traces into a compiled graph.
+
+    The caller keeps the last block of each cache as a scratch block that no sequence owns (the
+    model runner allocates one block more than the block pool hands out); its contents are garbage.
+    """
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+    slots = torch.where(slot_mapping < 0, k_flat.shape[0] - 1, slot_mapping)
+    k_flat.index_copy_(0, slots, k.to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query token per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32, padded with -1
+    seq_lens: torch.Tensor,  # [num_seqs] int32, KV length after the step, >= 1
+    scale: float,
+) -> torch.Tensor:
+    """Decode attention read in place from the block tables; `[num_seqs, num_heads, head_dim]` in
+    q's dtype, the same numbers as `paged_attention_ref` on an all-decode batch (float32 rounding).
+
+    Written for torch.compile: `k_cache[block_tables]` appears only inside the QK and PV reductions
+    and the length-masked softmax, so inductor emits loops that read each block where it lies, with
+    no copy of the contexts (the gather-free formulation of the project research note
+    shared/research/cpu-performance.md, section 6;
+    vLLM's CPU paged attention reads blocks in place the same way, as tiled C++). Scores, softmax
+    and sums run in float32. Eager, it does materialise the gathered blocks and a product G times
+    their size (G = num_heads // num_kv_heads): use `paged_attention_ref` there.
+    Keys at positions >= seq_lens (the tail of the last block, -1 padding read as block 0) are
+    masked, so their contents never matter as long as they are finite (every cache write is).
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    tables = block_tables.clamp(min=0).long()
+    keys = k_cache[tables].float()  # [num_seqs, max_blocks, block_size, num_kv_heads, head_dim]
+    values = v_cache[tables].float()
+    queries = q.float().view(num_seqs, 1, 1, num_kv_heads, group, head_dim)
+    scores = (queries * keys.unsqueeze(4)).sum(-1) * scale  # [num_seqs, max_blocks, block_size, kv, group]
+    key_pos = torch.arange(tables.shape[1] * block_size, device=q.device).view(1, -1, block_size, 1, 1)
+    scores = scores.masked_fill(key_pos >= seq_lens.view(-1, 1, 1, 1, 1), float("-inf"))
+    probs = (scores - scores.amax(dim=(1, 2), keepdim=True)).exp()
+    out = (probs.unsqueeze(-1) * values.unsqueeze(4)).sum(dim=(1, 2)) / probs.sum(dim=(1, 2)).unsqueeze(-1)
+    return out.view(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
 if triton is not None:
 
     @triton.jit

@@ -53,6 +53,28 @@ def save_tiny_model(folder: Path, architecture: str, seed: int = 0, **overrides:
     return model
 
 
+def fake_quantized_copy(folder: Path, target: Path, quantization: str) -> Path:
+    """`target`: the checkpoint of `folder` with every weight replaced by the float32 values the
+    quantized load holds (layers int8 per channel or int4 group 32, embedding / head int8)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.models.quantized_tensor import Int4Groups, Int8Channels
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    for name, weight in tensors.items():
+        if weight.dim() != 2:
+            continue
+        layer = ".layers." in name and quantization == "int4"
+        held = Int4Groups.from_float(weight) if layer else Int8Channels.from_float(weight)
+        tensors[name] = held.dequantize().contiguous()
+    target.mkdir()
+    shutil.copy(folder / "config.json", target / "config.json")
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
 @pytest.fixture
 def tiny_model_dir(tmp_path: Path) -> Callable[..., tuple[Path, Any]]:
     """Factory: `tiny_model_dir("Qwen3ForCausalLM", seed=1, **config_overrides)` ->

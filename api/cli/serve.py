@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes for the KV cache, e.g. 2GiB or 512MiB",
     )
     serve.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    serve.add_argument(
+        "--quantization", choices=["auto", "none", "int8", "int4"], default="auto",
+        help="weight formats: auto = the checkpoint's own (a GGUF's Q4/Q8 blocks stay int4/int8, with a bf16 "
+        "copy for larger batches; float checkpoints stay float); none = dequantize to --dtype (the float32 "
+        "parity reference); int8 / int4 = quantize float weights at load (CPU only)",
+    )
     serve.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument(
@@ -144,7 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_RESPONSES_DB,
         help='SQLite file storing /v1/responses (created with its folder); ":memory:" keeps them in memory',
     )
-    serve.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: measured)")
+    serve.add_argument("--num-threads", type=int, default=None,
+                       help="torch CPU threads (default: every core this process may use)")
+    serve.add_argument(
+        "--compile", action=argparse.BooleanOptionalAction, default=True,
+        help="compile the decode step with torch.compile in the background at start-up (CPU; eager "
+             "serves until it is ready; inductor caches it on disk); --no-compile stays eager",
+    )
     serve.add_argument(
         "--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
         help="requests waiting to run at which new ones get 429 with Retry-After",
@@ -193,6 +205,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         model=args.model,
         served_model_name=names[0] if names else None,
         dtype=args.dtype,
+        quantization=args.quantization,
         device=args.device,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
@@ -203,6 +216,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
         num_threads=args.num_threads,
+        compile_decode=args.compile,
         chat_template=chat_template,
         max_waiting_requests=args.max_waiting_requests,
         request_timeout_s=args.request_timeout or None,

@@ -71,6 +71,8 @@ class EngineCollector(Collector):
             ("grammar_closed_outputs", "Constrained outputs ended by a grammar closing before max_tokens cut them.",
              s.closed_outputs),
             ("grammar_cache_hits", "Grammar compiles served by the compile cache.", s.grammar_cache_hits),
+            ("compiled_steps", "Forward passes run by the compiled decode graph.", s.compiled_steps),
+            ("eager_steps", "Forward passes run by the eager model.", s.eager_steps),
         ]
         for name, doc, value in counters:
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])

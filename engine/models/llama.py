@@ -1,13 +1,15 @@
 """One decoder for Llama 2/3, SmolLM2, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k RMSNorm).
 
-Weights arrive under Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...) and are
-fused at load time: q/k/v into one projection and gate/up into another, so a layer runs four
-matmuls. Attention reads and writes the paged KV cache through `kernels.paged_attention`.
+Weights arrive under Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...), float or
+quantized (GGUF blocks), and are fused at load time: q/k/v into one projection and gate/up into
+another, so a layer runs four matmuls, each through one QuantizedLinear
+(engine/models/quantized_linear.py) holding the formats engine/models/weight_plan.py chose. Attention reads and writes the paged KV cache through `kernels.paged_attention`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,14 +19,18 @@ from torch import nn
 from engine.attention_metadata import AttentionMetadata
 from engine.errors import ModelLoadError
 from engine.models.arch import ModelArch
-from engine.models.packed_linear import linear, prepack_weight
+from engine.models.quantized_linear import QuantizedLinear
+from engine.models.quantized_tensor import SourceWeight, dequantize
 from engine.models.rope import apply_rope, rope_cos_sin_cache, rope_inv_freq
-from kernels.paged_attention import paged_attention, write_kv
+from engine.models.token_embedding import TokenEmbedding
+from engine.models.weight_plan import Role, WeightBuilder, WeightSummary
+from kernels.paged_attention import paged_attention, paged_decode_attention, write_kv, write_kv_scratch
 from lora.targets import LoraModelSpec, llama_lora_spec
 
 if TYPE_CHECKING:
     from lora.batch import LoraBatch
 
+EMBED_NAME = "embed_tokens.weight"
 ROPE_FREQS_NAME = "rope_freqs.weight"  # GGUF files of Llama 3.x carry llama3 RoPE as frequency factors
 
 
@@ -41,35 +47,28 @@ class DecoderLayer(nn.Module):
         self.intermediate_size = arch.intermediate_size
         self.eps = arch.rms_norm_eps
         self.scale = head_dim**-0.5
-        qkv_rows = self.q_size + 2 * self.kv_size
 
         def param(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.empty(*shape, **factory), requires_grad=False)
 
         self.input_norm = param(hidden)
-        self.qkv_weight = param(qkv_rows, hidden)
-        self.qkv_bias = param(qkv_rows) if arch.attention_bias else None
         self.q_norm = param(head_dim) if arch.qk_norm else None
         self.k_norm = param(head_dim) if arch.qk_norm else None
-        self.o_weight = param(hidden, self.q_size)
-        self.o_bias = param(hidden) if arch.o_proj_bias else None
         self.post_attn_norm = param(hidden)
-        self.gate_up_weight = param(2 * arch.intermediate_size, hidden)
-        self.down_weight = param(hidden, arch.intermediate_size)
-        # projection name -> (weight, bias, oneDNN-reordered weight or None): the arguments of
-        # packed_linear.linear, so no call site pairs them by hand; dense until prepack()
-        self._projections = self._arguments(pack=False)
+        # the four fused projections, built by CausalLM.load_weights (engine/models/weight_plan.py)
+        self.qkv_proj: QuantizedLinear | None = None      # [hidden] -> [q_size + 2 * kv_size]
+        self.o_proj: QuantizedLinear | None = None        # [q_size] -> [hidden]
+        self.gate_up_proj: QuantizedLinear | None = None  # [hidden] -> [2 * intermediate_size]
+        self.down_proj: QuantizedLinear | None = None     # [intermediate_size] -> [hidden]
 
-    def prepack(self) -> None:
-        """Reorder the projection weights for the CPU float32 fast path (no-op elsewhere); call after
-        every change to the weights."""
-        self._projections = self._arguments(pack=True)
-
-    def _arguments(self, pack: bool) -> dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
-        pairs = {"qkv": (self.qkv_weight, self.qkv_bias), "o": (self.o_weight, self.o_bias),
-                 "gate_up": (self.gate_up_weight, None), "down": (self.down_weight, None)}
-        return {name: (weight, bias, prepack_weight(weight) if pack else None)
-                for name, (weight, bias) in pairs.items()}
+    def projections(self) -> dict[str, QuantizedLinear]:
+        """The loaded projections by LoRA name ("qkv", "o", "gate_up", "down").
+        Raises ModelLoadError before load_weights built them."""
+        found = {"qkv": self.qkv_proj, "o": self.o_proj, "gate_up": self.gate_up_proj, "down": self.down_proj}
+        built = {name: proj for name, proj in found.items() if proj is not None}
+        if len(built) != len(found):
+            raise ModelLoadError(f"layer {self.layer_idx} has no weights yet: call CausalLM.load_weights")
+        return built
 
     def forward(
         self,
@@ -86,12 +85,13 @@ class DecoderLayer(nn.Module):
         x = F.rms_norm(residual, (hidden_size,), self.input_norm, self.eps)
         residual.add_(self._attention(x, cos_sin, k_cache, v_cache, meta, lora))
         x = F.rms_norm(residual, (hidden_size,), self.post_attn_norm, self.eps)
-        gate_up = linear(x, *self._projections["gate_up"])
+        assert self.gate_up_proj is not None and self.down_proj is not None, "load_weights first"
+        gate_up = self.gate_up_proj(x)
         if lora is not None:
             lora.apply(self.layer_idx, "gate_up", x, gate_up)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         hidden = F.silu(gate).mul_(up)
-        down = linear(hidden, *self._projections["down"])
+        down = self.down_proj(hidden)
         if lora is not None:
             lora.apply(self.layer_idx, "down", hidden, down)
         residual.add_(down)
@@ -107,7 +107,8 @@ class DecoderLayer(nn.Module):
         lora: LoraBatch | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = linear(x, *self._projections["qkv"])
+        assert self.qkv_proj is not None and self.o_proj is not None, "load_weights first"
+        qkv = self.qkv_proj(x)
         if lora is not None:
             lora.apply(self.layer_idx, "qkv", x, qkv)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -118,43 +119,54 @@ class DecoderLayer(nn.Module):
             q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps)
             k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
         q, k = apply_rope(q, cos_sin), apply_rope(k, cos_sin)
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        out = paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
-            meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
-        )
+        if meta.decode_only:   # the compiled decode step: no host sync, blocks read in place
+            write_kv_scratch(k, v, k_cache, v_cache, meta.slot_mapping)
+            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale)
+        else:
+            write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+            out = paged_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
+                meta.query_lens, meta.seq_lens_list, meta.num_decodes, self.scale,
+            )
         out = out.view(num_tokens, self.q_size)
-        o = linear(out, *self._projections["o"])
+        o = self.o_proj(out)
         if lora is not None:
             lora.apply(self.layer_idx, "o", out, o)
         return o
 
 
+@dataclass(frozen=True, slots=True)
+class _ProjectionSpec:
+    """One fused projection as the checkpoint names it: row parts in order, their shapes, biases."""
+
+    key: str                          # "layers.3.qkv", "lm_head"
+    layer_idx: int | None             # None for the LM head
+    attribute: str                    # the DecoderLayer / CausalLM attribute it becomes
+    weight_names: tuple[str, ...]
+    weight_shapes: tuple[tuple[int, int], ...]
+    bias_names: tuple[str, ...] = ()
+
+
 class CausalLM(nn.Module):
     """Llama-family causal language model over a paged KV cache (inference only).
 
-    Parameters are created uninitialised on `device` in `dtype`; fill them with `load_weights`.
-    `max_positions` bounds the RoPE table (positions must stay below it).
+    Norms are created uninitialised on `device` in `dtype`; `load_weights` fills them and builds
+    the embedding, the projections and the LM head in the formats its WeightBuilder chooses.
+    `max_positions` bounds the RoPE table (positions must stay below it). Activations, norms,
+    the residual stream and the KV cache are in `dtype`; logits come out float32.
     """
 
     def __init__(self, arch: ModelArch, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         self.arch = arch
         self.max_positions = max_positions
-        self.embed_tokens = nn.Parameter(
-            torch.empty(arch.vocab_size, arch.hidden_size, dtype=dtype, device=device), requires_grad=False
-        )
+        self.dtype, self.device = dtype, device
         self.layers = nn.ModuleList(DecoderLayer(arch, dtype, device, i) for i in range(arch.num_layers))
-        self.norm = nn.Parameter(
-            torch.empty(arch.hidden_size, dtype=dtype, device=device), requires_grad=False
-        )
-        self.lm_head = (
-            self.embed_tokens
-            if arch.tie_word_embeddings
-            else nn.Parameter(torch.empty_like(self.embed_tokens), requires_grad=False)
-        )
+        self.norm = nn.Parameter(torch.empty(arch.hidden_size, dtype=dtype, device=device), requires_grad=False)
+        self.embed_tokens: TokenEmbedding | None = None   # built by load_weights
+        self.lm_head: QuantizedLinear | None = None       # built by load_weights (tied: from the embedding)
+        self.weight_summary: WeightSummary | None = None  # formats and bytes, set by load_weights
         self.register_buffer("cos_sin_cache", self._rope_cache(None, dtype, device), persistent=False)
-        self._packed_lm_head: torch.Tensor | None = None   # see prepack()
 
     def _rope_cache(
         self, freq_factors: torch.Tensor | None, dtype: torch.dtype, device: torch.device
@@ -179,7 +191,8 @@ class CausalLM(nn.Module):
         token attends causally over its sequence's cached context (see AttentionMetadata).
         `lora` (None = base model for every token) applies per-token LoRA adapters (lora/batch.py).
         """
-        residual = F.embedding(input_ids, self.embed_tokens)
+        assert self.embed_tokens is not None, "load_weights first"
+        residual = self.embed_tokens(input_ids)
         cos_sin = self.cos_sin_cache.index_select(0, positions)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             residual = layer(residual, cos_sin, k_cache, v_cache, meta, lora)
@@ -195,77 +208,149 @@ class CausalLM(nn.Module):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits float32 `[num_rows, vocab_size]` for hidden rows `[num_rows, hidden_size]`."""
-        return linear(hidden, self.lm_head, None, self._packed_lm_head).float()
+        assert self.lm_head is not None, "load_weights first"
+        return self.lm_head(hidden).float()
 
-    def prepack(self) -> None:
-        """Reorder every projection and the LM head for the CPU float32 fast path
-        (engine/models/packed_linear.py; no-op on other devices and dtypes). `load_weights` calls it;
-        call it again after changing weights in place. Costs the matrices' size again in host memory."""
-        for layer in self.layers:
-            assert isinstance(layer, DecoderLayer)
-            layer.prepack()
-        self._packed_lm_head = prepack_weight(self.lm_head)
+    def num_parameters(self) -> int:
+        """Weights of the checkpoint, counted once (tied embeddings once), whatever their format."""
+        count = sum(param.numel() for param in self.parameters())
+        projections = [proj for layer in self.layers if isinstance(layer, DecoderLayer)
+                       for proj in layer.projections().values()]
+        if not self.arch.tie_word_embeddings and self.lm_head is not None:
+            projections.append(self.lm_head)
+        for proj in projections:
+            count += proj.out_features * proj.in_features + (0 if proj.bias is None else proj.bias.numel())
+        return count + self.arch.vocab_size * self.arch.hidden_size
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into the fused parameters (casting dtype and device).
+    def load_weights(self, weights: Iterable[tuple[str, SourceWeight]], builder: WeightBuilder | None = None) -> None:
+        """Fill the norms and build the embedding, projections and LM head from Hugging Face-named
+        tensors (float, or quantized groups from a GGUF file), each projection as soon as its parts
+        have arrived, in the formats `builder` chooses (default: quantization "none", today's
+        float path). Sets `weight_summary`.
 
         Accepts names with or without the "model." prefix, "lm_head.weight" (ignored when tied),
         and GGUF's "rope_freqs.weight". Raises ModelLoadError on an unknown name, a shape mismatch
-        or, at the end, any parameter left unfilled.
+        or, at the end, any weight left unfilled.
         """
-        targets = self._weight_targets()
+        builder = builder or self.weight_builder("none")
+        norms = self._norm_targets()
+        specs = self._projection_specs()
+        slots = {name: (spec, i) for spec in specs.values()
+                 for i, name in enumerate(spec.weight_names + spec.bias_names)}
+        received: dict[str, dict[int, SourceWeight]] = {key: {} for key in specs}
+        embedding: SourceWeight | None = None
         filled: set[str] = set()
         for name, tensor in weights:
             name = name.removeprefix("model.")
             if name == ROPE_FREQS_NAME:
                 buffer = self.cos_sin_cache
-                self.cos_sin_cache = self._rope_cache(tensor.float().cpu(), buffer.dtype, buffer.device)
+                self.cos_sin_cache = self._rope_cache(dequantize(tensor).float().cpu(), buffer.dtype, buffer.device)
                 continue
             tied_head = name == "lm_head.weight" and self.arch.tie_word_embeddings
             if tied_head or name.endswith("rotary_emb.inv_freq"):
                 continue
-            if name not in targets:
-                raise ModelLoadError(f"unexpected weight {name!r} for {self.arch.architecture}")
-            target = targets[name]
-            if target.shape != tensor.shape:
-                raise ModelLoadError(
-                    f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
-                )
-            target.copy_(tensor)
+            expected = self._expected_shape(name, norms, slots)
+            if tuple(tensor.shape) != expected:
+                raise ModelLoadError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {expected}")
             filled.add(name)
-        missing = sorted(set(targets) - filled)
+            if name in norms:
+                norms[name].copy_(dequantize(tensor))
+            elif name == EMBED_NAME:
+                embedding = tensor
+            else:
+                spec, index = slots[name]
+                received[spec.key][index] = tensor
+                if len(received[spec.key]) == len(spec.weight_names) + len(spec.bias_names):
+                    self._install(spec, received.pop(spec.key), builder)
+        missing = sorted(set(norms).union(slots, [EMBED_NAME]) - filled)
         if missing:
             raise ModelLoadError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
-        self.prepack()
+        assert embedding is not None
+        self._install_embedding(embedding, builder)
+        assert self.lm_head is not None and self.embed_tokens is not None
+        layers = [proj for layer in self.layers if isinstance(layer, DecoderLayer)
+                  for proj in layer.projections().values()]
+        summary = builder.finish({"layer": layers, "head": [self.lm_head]})
+        if self.lm_head.small is None:
+            self.embed_tokens.shares_rows = False   # the head dropped its int8 copy: the rows are the lookup's
+        embedding = {"embedding": {"table": self.embed_tokens.resident_bytes()}}
+        self.weight_summary = replace(summary, resident_bytes={**summary.resident_bytes, **embedding})
 
-    def _weight_targets(self) -> dict[str, torch.Tensor]:
-        """HF weight name -> the view of our (possibly fused) parameter it fills."""
-        targets: dict[str, torch.Tensor] = {
-            "embed_tokens.weight": self.embed_tokens,
-            "norm.weight": self.norm,
-        }
-        if not self.arch.tie_word_embeddings:
-            targets["lm_head.weight"] = self.lm_head
+    def weight_builder(self, quantization: str, crossover_rows: int | None = None) -> WeightBuilder:
+        """A WeightBuilder for this model's shapes, dtype and device (engine/models/weight_plan.py)."""
+        return WeightBuilder(quantization, self.dtype, self.device, crossover_rows)
+
+    def _install(self, spec: _ProjectionSpec, parts: dict[int, SourceWeight], builder: WeightBuilder) -> None:
+        num_weights = len(spec.weight_names)
+        weights = [parts[i] for i in range(num_weights)]
+        biases = [dequantize(parts[i]) for i in range(num_weights, num_weights + len(spec.bias_names))]
+        bias = torch.cat(biases) if biases else None
+        role: Role = "head" if spec.layer_idx is None else "layer"
+        proj = builder.build(weights, bias, role)
+        owner = self if spec.layer_idx is None else self.layers[spec.layer_idx]
+        setattr(owner, spec.attribute, proj)
+
+    def _install_embedding(self, source: SourceWeight, builder: WeightBuilder) -> None:
+        """The lookup table, and with tied embeddings the LM head over the same weight: an INT8 head
+        and the lookup share one int8 table; a float head keeps a dense table beside it."""
+        int8 = builder.head_rows(source)
+        if self.arch.tie_word_embeddings:
+            self.lm_head = builder.build([source], None, "head", int8=int8)
+            if self.lm_head.small is None:
+                int8 = None
+        shared = int8 is not None and self.arch.tie_word_embeddings
+        if int8 is not None:
+            self.embed_tokens = TokenEmbedding(self.dtype, int8=int8, shares_rows=shared)
+        else:
+            table = dequantize(source).to(device=self.device, dtype=self.dtype)
+            self.embed_tokens = TokenEmbedding(self.dtype, table=table)
+
+    def _expected_shape(self, name: str, norms: dict[str, torch.Tensor],
+                        slots: dict[str, tuple[_ProjectionSpec, int]]) -> tuple[int, ...]:
+        if name in norms:
+            return tuple(norms[name].shape)
+        if name == EMBED_NAME:
+            return (self.arch.vocab_size, self.arch.hidden_size)
+        if name not in slots:
+            raise ModelLoadError(f"unexpected weight {name!r} for {self.arch.architecture}")
+        spec, index = slots[name]
+        if index < len(spec.weight_names):
+            return spec.weight_shapes[index]
+        return (spec.weight_shapes[index - len(spec.weight_names)][0],)
+
+    def _norm_targets(self) -> dict[str, torch.Tensor]:
+        """HF name -> norm parameter it fills."""
+        targets: dict[str, torch.Tensor] = {"norm.weight": self.norm}
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, DecoderLayer)
             prefix = f"layers.{i}."
-            qkv_split = [layer.q_size, layer.kv_size, layer.kv_size]
-            for proj, weight in zip(("q_proj", "k_proj", "v_proj"), layer.qkv_weight.split(qkv_split)):
-                targets[f"{prefix}self_attn.{proj}.weight"] = weight
-            if layer.qkv_bias is not None:
-                for proj, bias in zip(("q_proj", "k_proj", "v_proj"), layer.qkv_bias.split(qkv_split)):
-                    targets[f"{prefix}self_attn.{proj}.bias"] = bias
-            targets[f"{prefix}self_attn.o_proj.weight"] = layer.o_weight
-            if layer.o_bias is not None:
-                targets[f"{prefix}self_attn.o_proj.bias"] = layer.o_bias
+            targets[f"{prefix}input_layernorm.weight"] = layer.input_norm
+            targets[f"{prefix}post_attention_layernorm.weight"] = layer.post_attn_norm
             if layer.q_norm is not None and layer.k_norm is not None:
                 targets[f"{prefix}self_attn.q_norm.weight"] = layer.q_norm
                 targets[f"{prefix}self_attn.k_norm.weight"] = layer.k_norm
-            gate, up = layer.gate_up_weight.split(layer.intermediate_size)
-            targets[f"{prefix}mlp.gate_proj.weight"] = gate
-            targets[f"{prefix}mlp.up_proj.weight"] = up
-            targets[f"{prefix}mlp.down_proj.weight"] = layer.down_weight
-            targets[f"{prefix}input_layernorm.weight"] = layer.input_norm
-            targets[f"{prefix}post_attention_layernorm.weight"] = layer.post_attn_norm
         return targets
+
+    def _projection_specs(self) -> dict[str, _ProjectionSpec]:
+        """Every fused projection (and an untied LM head) by key, with its HF part names."""
+        arch = self.arch
+        hidden, inter = arch.hidden_size, arch.intermediate_size
+        specs: list[_ProjectionSpec] = []
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, DecoderLayer)
+            attn, mlp = f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+            qkv = ("q_proj", "k_proj", "v_proj")
+            specs += [
+                _ProjectionSpec(f"layers.{i}.qkv", i, "qkv_proj", tuple(f"{attn}{p}.weight" for p in qkv),
+                                ((layer.q_size, hidden), (layer.kv_size, hidden), (layer.kv_size, hidden)),
+                                tuple(f"{attn}{p}.bias" for p in qkv) if arch.attention_bias else ()),
+                _ProjectionSpec(f"layers.{i}.o", i, "o_proj", (f"{attn}o_proj.weight",), ((hidden, layer.q_size),),
+                                (f"{attn}o_proj.bias",) if arch.o_proj_bias else ()),
+                _ProjectionSpec(f"layers.{i}.gate_up", i, "gate_up_proj",
+                                (f"{mlp}gate_proj.weight", f"{mlp}up_proj.weight"), ((inter, hidden), (inter, hidden))),
+                _ProjectionSpec(f"layers.{i}.down", i, "down_proj", (f"{mlp}down_proj.weight",), ((hidden, inter),)),
+            ]
+        if not arch.tie_word_embeddings:
+            specs.append(_ProjectionSpec("lm_head", None, "lm_head", ("lm_head.weight",), ((arch.vocab_size, hidden),)))
+        return {spec.key: spec for spec in specs}

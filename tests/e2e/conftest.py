@@ -60,16 +60,18 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeo
     """Start `python -m api.cli serve` (SmolLM2 as "smollm2") with `args`, logging to `tmp`, and wait
     until /health answers 200; it dies with the test run (`benchmarks/server_process.py`).
 
-    `--num-threads` is `threads`, by default every core this process may use: a server measures
-    its thread count at start-up, and a start that overlaps the test process's own work (another
-    server stopping, a client busy) measures one thread faster and keeps it for the whole module.
-    Pass a smaller `threads` for servers that decode at the same time as another.
+    `--num-threads` is `threads` when given (pass a share of the cores for servers that decode at
+    the same time as another); None leaves the server's default, every core it may use.
+    Servers run `--no-compile` unless `args` says `--compile`: compiling SmolLM2's decode step costs
+    a minute or more of both cores and is not cached across processes, so only the session's
+    shared `server` compiles it (once), and the tests that use it run on the compiled step.
     """
     port = free_port()
-    num_threads = threads or len(os.sched_getaffinity(0))
+    thread_args = [] if threads is None else ["--num-threads", str(threads)]
+    compile_args = [] if "--compile" in args else ["--no-compile"]
     started = server_process.start_server(
         ["--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096",
-         "--num-threads", str(num_threads), *args],
+         *thread_args, *compile_args, *args],
         log_path=tmp / f"server-{port}.log", env=env, timeout_s=timeout_s, port=port)
     return Server(started.url, started.proc, started.log_path)
 
@@ -81,8 +83,19 @@ def stop_server(*servers: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Iterator[Server]:
-    """One shared server for the e2e tests (SmolLM2, default flags)."""
-    srv = start_server(tmp_path_factory.mktemp("server"))
+    """One shared server for the e2e tests (SmolLM2, default flags: quantized weights, the decode
+    step compiled in the background)."""
+    srv = start_server(tmp_path_factory.mktemp("server"), "--compile")
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def float_server(tmp_path_factory) -> Iterator[Server]:
+    """A server on the float32 weights (`--quantization none`), for tests that compare a request's
+    output across batch compositions: the default's int4/int8 copies serve steps of a few rows and
+    its bf16 copies larger ones, whose different rounding can flip a near-tied greedy token."""
+    srv = start_server(tmp_path_factory.mktemp("float_server"), "--quantization", "none")
     yield srv
     stop_server(srv)
 

@@ -97,7 +97,8 @@ class Servers:
 @pytest.fixture(scope="module")
 def servers(case_adapters, tmp_path_factory) -> Iterator[Servers]:
     a, b, c = (case_adapters[name] for name in ("adapter-a", "adapter-b", "adapter-c"))
-    common = ("--enable-lora", "--max-lora-rank", str(MAX_LORA_RANK), "--num-threads", "1")
+    # float32 weights: the cached server's batched answers are compared with the cold server's solo ones
+    common = ("--enable-lora", "--max-lora-rank", str(MAX_LORA_RANK), "--num-threads", "1", "--quantization", "none")
     cached, cold = start_servers(
         tmp_path_factory.mktemp("case017"),
         [*common, "--lora-modules", f"adapter-a={a}", f"adapter-b={b}", "--max-loras", "1", "--allow-runtime-lora"],

@@ -30,7 +30,8 @@ def adapters(case_adapters) -> dict[str, Path]:
 def lora_server(adapters, tmp_path_factory):
     modules = [f"ad-a={adapters['ad-a']}", f'{{"name": "ad-b", "path": "{adapters["ad-b"]}", "base_model_name": "smol"}}']
     srv = start_server(tmp_path_factory.mktemp("lora_server"), "--enable-lora", "--lora-modules", *modules,
-                       "--max-loras", "2", "--max-lora-rank", "16", "--allow-runtime-lora")
+                       "--max-loras", "2", "--max-lora-rank", "16", "--allow-runtime-lora",
+                       "--quantization", "none")   # float32: answers compared across batch sizes
     yield srv
     stop_server(srv)
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from engine.detokenizer import REPLACEMENT_CHAR as REPLACEMENT
 from engine.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
@@ -54,3 +55,30 @@ def test_stop_string_inside_multibyte_text(smollm2_tokenizer):
     pieces, matched = stream(IncrementalDetokenizer(smollm2_tokenizer, stop=("日本",)), ids)
     assert matched == "日本"
     assert "".join(pieces) == text[: text.index("日本")]
+
+
+def window_path(detok: IncrementalDetokenizer) -> IncrementalDetokenizer:
+    """The same detokenizer forced onto the Python window decode (no DecodeStream)."""
+    detok.stream = None
+    return detok
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_decode_stream_path_equals_the_window_path(smollm2_tokenizer, text):
+    """The fast tokenizer takes the DecodeStream path; it streams the same text as the window
+    decode, also when the output ends inside a multi-byte character (flushed as U+FFFD)."""
+    ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
+    assert IncrementalDetokenizer(smollm2_tokenizer).stream is not None
+    for cut in (len(ids), len(ids) - 1, len(ids) // 2 + 1):
+        fast, _ = stream(IncrementalDetokenizer(smollm2_tokenizer), ids[:cut])
+        slow, _ = stream(window_path(IncrementalDetokenizer(smollm2_tokenizer)), ids[:cut])
+        assert "".join(fast) == "".join(slow), (text, cut)
+        assert all(REPLACEMENT not in p for p in fast[:-1])
+
+
+def test_special_tokens_skipped_or_kept_alike(smollm2_tokenizer):
+    ids = [*smollm2_tokenizer.encode("Hi there", add_special_tokens=False), smollm2_tokenizer.eos_token_id]
+    for skip in (True, False):
+        fast, _ = stream(IncrementalDetokenizer(smollm2_tokenizer, skip_special_tokens=skip), ids)
+        slow, _ = stream(window_path(IncrementalDetokenizer(smollm2_tokenizer, skip_special_tokens=skip)), ids)
+        assert "".join(fast) == "".join(slow)

@@ -1,5 +1,6 @@
 """LLMEngine on a tiny random Llama: preemption, chunked prefill, prefix hits and n>1 keep greedy
-outputs identical; a failing step fails only its requests."""
+outputs identical; a failing step fails only its requests. Each test runs eager and on the
+compiled decode step."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from tiny_engine import load_tiny, make_engine
 
 
 
-@pytest.fixture
-def tiny(tiny_model_dir):
+@pytest.fixture(params=["eager", "compiled"])
+def tiny(request, tiny_model_dir):
+    """The tiny model, eager or with the session's compiled decode step (engine/compiled_decode.py)."""
+    if request.param == "compiled":
+        return request.getfixturevalue("compiled_tiny")
     return load_tiny(tiny_model_dir)
 
 

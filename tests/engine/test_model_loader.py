@@ -18,6 +18,7 @@ from engine.errors import ModelLoadError
 from engine.gguf_weights import iter_gguf_weights, open_gguf
 from engine.model_loader import default_model_path, load_model, load_model_weights
 from engine.models.arch import ModelArch
+from engine.models.quantized_tensor import Int4Groups, Int8Groups, dequantize
 
 CPU = torch.device("cpu")
 HF_TO_GGUF = {
@@ -152,8 +153,15 @@ def test_quantized_tensors_dequantize(tmp_path: Path, type_name: str, atol: floa
     writer.close()
     config = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 2, "num_key_value_heads": 1}
     [(name, tensor)] = list(iter_gguf_weights(open_gguf(str(tmp_path / "q.gguf")), config))
-    assert name == "model.layers.0.self_attn.q_proj.weight" and tensor.dtype == torch.float32
-    torch.testing.assert_close(tensor, torch.from_numpy(weight), atol=atol, rtol=0)
+    assert name == "model.layers.0.self_attn.q_proj.weight"
+    kind = {"Q8_0": Int8Groups, "Q4_0": Int4Groups, "Q4_1": Int4Groups}.get(type_name, torch.Tensor)
+    assert isinstance(tensor, kind), type(tensor)   # quantized blocks stay quantized
+    dense = dequantize(tensor)
+    assert dense.dtype == torch.float32
+    # the blocks are unpacked exactly: the same values as gguf's own dequantization
+    reference = torch.from_numpy(np.array(gguf.quants.dequantize(raw, quant), dtype=np.float32)).reshape(8, 64)
+    torch.testing.assert_close(dense, reference, atol=1e-6, rtol=0)
+    torch.testing.assert_close(dense, torch.from_numpy(weight), atol=atol, rtol=0)
 
 
 def test_unsupported_quant_type_is_named(tmp_path: Path) -> None:
@@ -214,7 +222,7 @@ def test_load_model_from_hf_folder_with_tokenizer(tiny_model_dir, caplog: pytest
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    folder, _ = tiny_model_dir("Qwen3ForCausalLM")
+    folder, hf_model = tiny_model_dir("Qwen3ForCausalLM")
     vocab = {"<unk>": 0, "<|im_end|>": 1, **{f"w{i}": i + 2 for i in range(20)}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -224,9 +232,11 @@ def test_load_model_from_hf_folder_with_tokenizer(tiny_model_dir, caplog: pytest
     with caplog.at_level("INFO", logger="engine.model_loader"):
         loaded = load_model(str(folder), torch.float32, CPU, 64)
     assert (loaded.name, loaded.max_model_len, loaded.path) == ("Qwen3ForCausalLM", 64, str(folder))
-    assert loaded.num_params == sum(p.numel() for p in loaded.model.parameters())
+    assert loaded.num_params == sum(p.numel() for p in hf_model.parameters())   # tied embedding counted once
+    assert loaded.weights.quantization == "none" and loaded.weights.formats["layer"] == "none + fp32"
     assert loaded.tokenizer("w3 w5").input_ids == [5, 7]
     chat = [{"role": "user", "content": "w1"}]
     assert loaded.tokenizer.apply_chat_template(chat, tokenize=False) == "w1<|im_end|>"
-    [record] = [r for r in caplog.records if r.name == "engine.model_loader"]
+    record, weights = [r for r in caplog.records if r.name == "engine.model_loader"]
     assert all(part in record.message for part in ("Qwen3ForCausalLM", "float32", "max_model_len=64"))
+    assert "quantization none" in weights.message and "resident MiB" in weights.message

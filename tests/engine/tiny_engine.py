@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,13 +22,21 @@ MAX_MODEL_LEN = 128
 def load_tiny(tiny_model_dir) -> tuple[Any, Any]:
     """(model, arch) of the tiny random Llama from the `tiny_model_dir` fixture, EOS = 255."""
     folder, _ = tiny_model_dir("LlamaForCausalLM")
+    return load_tiny_folder(folder)
+
+
+def load_tiny_folder(folder: Path) -> tuple[Any, Any]:
+    """(model, arch) of a tiny random model saved in `folder` (tests/conftest.py), EOS = 255."""
     model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), MAX_MODEL_LEN)
     return model, dataclasses.replace(arch, eos_token_ids=(EOS,))
 
 
-def make_engine(tiny: tuple[Any, Any], num_blocks: int = 64, **overrides: Any) -> LLMEngine:
-    """An LLMEngine over `tiny` with `num_blocks` KV blocks of 16 tokens; `overrides` go to EngineConfig."""
-    model, arch = tiny
+def make_engine(tiny: tuple[Any, ...], num_blocks: int = 64, **overrides: Any) -> LLMEngine:
+    """An LLMEngine over `tiny` = (model, arch) or (model, arch, its CompiledDecode, ready) with
+    `num_blocks` KV blocks of 16 tokens; `overrides` go to EngineConfig."""
+    model, arch = tiny[:2]
+    compiled = tiny[2] if len(tiny) > 2 else None
     per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
     config = EngineConfig(kv_cache_memory_bytes=num_blocks * per_block, **overrides)
-    return LLMEngine(config, model, arch, ByteTokenizer(eos_token_id=EOS), torch.device("cpu"), torch.float32, MAX_MODEL_LEN)
+    return LLMEngine(config, model, arch, ByteTokenizer(eos_token_id=EOS), torch.device("cpu"), torch.float32,
+                     MAX_MODEL_LEN, compiled_decode=compiled)

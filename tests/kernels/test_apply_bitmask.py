@@ -41,11 +41,44 @@ def spec_apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> 
     return out
 
 
+def shift_unpack_apply(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """The former reference (32 shifts into a bool mask, then masked_fill_), kept to compare the
+    table-lookup reference against on full-size vocabularies."""
+    num_rows, vocab_size = logits.shape
+    shifts = torch.arange(32, dtype=torch.int32)
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).reshape(num_rows, -1).bool()
+    if allowed.shape[1] >= vocab_size:
+        allowed = allowed[:, :vocab_size]
+    else:
+        allowed = torch.cat([allowed, torch.zeros(num_rows, vocab_size - allowed.shape[1], dtype=torch.bool)], 1)
+    logits.masked_fill_(~allowed, float("-inf"))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_ref_matches_spec(shape):
     logits, bitmask = make_case(*shape)
     expected = spec_apply(logits, bitmask, list(range(shape[0])))
     apply_bitmask_ref(logits, bitmask)
+    assert torch.equal(logits, expected)
+
+
+@pytest.mark.parametrize("shape", [(32, 49152, 1536), (5, 49155, 1537), (3, 1000, 30), (2, 151936, 4748)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ref_matches_the_shift_unpacking_on_full_vocabularies(shape, dtype):
+    logits, bitmask = make_case(*shape)
+    logits = logits.to(dtype)
+    logits[0, :3] = float("-inf")             # already-masked logits stay -inf either way
+    expected = logits.clone()
+    shift_unpack_apply(expected, bitmask)
+    apply_bitmask_ref(logits, bitmask)
+    assert torch.equal(logits, expected)
+    some = torch.tensor([shape[0] - 1, 0])
+    logits, bitmask = make_case(*shape, seed=1)
+    expected = logits.clone()
+    selected = expected[some]
+    shift_unpack_apply(selected, bitmask[some])
+    expected[some] = selected
+    apply_bitmask_ref(logits, bitmask, some)
     assert torch.equal(logits, expected)
 
 

@@ -1,9 +1,12 @@
 """The default model (SmolLM2-135M-Instruct, GGUF Q4_1) loaded by us against transformers' own GGUF
 loader, both float32: same logits within atol 1e-3 (observed: bit-identical) and the same 32
-greedy tokens for two chat prompts decoded together in one paged batch."""
+greedy tokens for two chat prompts decoded together in one paged batch. The compiled decode step
+(engine/compiled_decode.py) against our eager float32 forward: logits within atol 1e-3 and the same
+greedy tokens, for batches of 2 and of 1 (padded to 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 import torch
 from paged_batch import PagedBatch
 
+from engine.compiled_decode import CompiledDecode
 from engine.model_loader import LoadedModel, default_model_path, load_model
 from tests.conftest import smollm2_gguf
 
@@ -50,16 +54,21 @@ def test_loaded_model_describes_smollm2(loaded: LoadedModel) -> None:
     assert loaded.tokenizer.convert_ids_to_tokens(list(arch.eos_token_ids)) == ["<|im_end|>"]
 
 
-def test_greedy_decode_matches_transformers(loaded: LoadedModel, smollm2_hf_model) -> None:
-    assert Path(default_model_path()).resolve() == smollm2_gguf().resolve()
-    hf_model = smollm2_hf_model     # transformers' own load of that GGUF file
+def chat_prompts(loaded: LoadedModel) -> list[list[int]]:
+    """Token ids of QUESTIONS as single-turn chat prompts."""
     prompts = [
         loaded.tokenizer.apply_chat_template(
             [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
         )
         for q in QUESTIONS
     ]
-    prompts = [list(p["input_ids"]) if not isinstance(p, list) else p for p in prompts]
+    return [list(p["input_ids"]) if not isinstance(p, list) else p for p in prompts]
+
+
+def test_greedy_decode_matches_transformers(loaded: LoadedModel, smollm2_hf_model) -> None:
+    assert Path(default_model_path()).resolve() == smollm2_gguf().resolve()
+    hf_model = smollm2_hf_model     # transformers' own load of that GGUF file
+    prompts = chat_prompts(loaded)
     model, batch = loaded.model, PagedBatch(loaded.arch, num_blocks=32, block_size=16)
     chunks = [(i, prompt) for i, prompt in enumerate(prompts)]
     ours: list[list[int]] = [[], []]
@@ -78,3 +87,33 @@ def test_greedy_decode_matches_transformers(loaded: LoadedModel, smollm2_hf_mode
         tokens, expected = hf_greedy(hf_model, prompt)
         assert ours[i] == tokens, loaded.tokenizer.decode(ours[i])
         torch.testing.assert_close(torch.stack(our_logits[i]), expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.timeout(1800)     # a cold compile of 30 layers: ~1-2 min of CPU, many more on a busy box
+@torch.inference_mode()
+def test_compiled_decode_matches_eager(loaded: LoadedModel) -> None:
+    """Both paths decode the eager path's greedy tokens (teacher-forced) from the same prefill, in
+    two caches with the same block layout: 10 steps of both prompts, then 8 of the first alone."""
+    model, scratch = loaded.model, 32
+    eager_batch, compiled_batch = (PagedBatch(loaded.arch, num_blocks=scratch + 1, block_size=16) for _ in range(2))
+    for batch in (eager_batch, compiled_batch):
+        batch.free_blocks.remove(scratch)           # the scratch block: never handed to a sequence
+    compiled = CompiledDecode(model)
+    compiled.warm_up(compiled_batch.kv_caches, scratch)
+    chunks = list(enumerate(chat_prompts(loaded)))
+    for batch in (eager_batch, compiled_batch):
+        input_ids, positions, meta = batch.step(chunks)
+        hidden = model(input_ids, positions, batch.kv_caches, meta)
+    tokens = model.compute_logits(hidden.index_select(0, (meta.cu_seqlens_q[1:] - 1).long())).argmax(-1).tolist()
+    for step in range(18):
+        live = [0, 1] if step < 10 else [0]
+        chunks = [(i, [tokens[i]]) for i in live]
+        input_ids, positions, meta = eager_batch.step(chunks)
+        eager = model.compute_logits(model(input_ids, positions, eager_batch.kv_caches, meta))
+        input_ids, positions, meta = compiled_batch.step(chunks)
+        got = compiled.run(input_ids, positions, compiled_batch.kv_caches,
+                           dataclasses.replace(meta, decode_only=True))
+        torch.testing.assert_close(got, eager, atol=ATOL, rtol=0)
+        assert got.argmax(-1).tolist() == eager.argmax(-1).tolist()
+        for i, token in zip(live, eager.argmax(-1).tolist()):
+            tokens[i] = token

@@ -1,0 +1,158 @@
+"""One projection `y = x @ W.T + b`, its weight held in at most two formats, the copy picked per call
+by the number of rows.
+
+Why two copies: weight-only int4/int8 kernels stream 4-8x fewer bytes and win for a decode step
+of a few sequences, while oneDNN's bf16 (or float32) product over a weight reordered once at load
+wins from a handful of rows on (shared/research/cpu-performance.md §3). `crossover_rows` is chosen
+by measurement at load (engine/models/crossover.py). No dense float copy is kept beside them.
+
+Activations stay in the model dtype (float32 on CPU) and are cast to bf16 only at the inputs of
+the int4/int8/bf16 kernels, whose fast paths exist only for bf16 (30-60x slower with float32);
+outputs come back in the model dtype, the bias added there.
+
+For torch.compile: `forward` uses only torch ops and branches only on `x.shape[0]` against the
+constant `crossover_rows`; the oneDNN-reordered copies lower under inductor with
+`torch._inductor.config.freezing = True` (without freezing inductor rejects the opaque tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
+from engine.models.weight_format import WeightFormat
+
+PACK_BATCH_HINT = 32    # rows oneDNN's reorder is tuned for; any row count works with the copy
+_INT4_ROW_MULTIPLE = 16  # `_convert_weight_to_int4pack_for_cpu` needs out_features divisible by 16
+
+
+class QuantizedLinear(nn.Module):
+    """A projection `[in_features] -> [out_features]` with a few-rows copy (`small`: INT4 or INT8,
+    or None) used for inputs of at most `crossover_rows` rows, and a many-rows copy (`large`: BF16,
+    FP32 or DENSE) for the rest.
+
+    `weight` `[out, in]` is the source (float tensor, or quantized groups kept exactly: INT4 from
+    Int4Groups keeps the file's grid; other sources are quantized here, INT4 asymmetric group 32,
+    INT8 symmetric per channel). With a small copy, the large copy holds the very values the small
+    copy's kernel multiplies by (its bf16 scales and zeros applied), rounded to bf16 for BF16, so
+    every row count runs the same weights. `bias` `[out]` or None is kept in `dtype`. `device`
+    holds the copies; INT4/INT8/BF16/FP32 need a CPU. `int8`: the INT8 copy already quantized from
+    `weight` (its qvals tensor is then shared, e.g. with a tied embedding). Raises ValueError for
+    INT4 with in_features not a multiple of 32, for a format off CPU, or for a quantized `large`.
+    """
+
+    def __init__(self, weight: SourceWeight, bias: torch.Tensor | None, small: WeightFormat | None,
+                 large: WeightFormat, crossover_rows: int, dtype: torch.dtype, device: torch.device,
+                 int8: Int8Channels | None = None) -> None:
+        super().__init__()
+        if large.is_quantized or (small is not None and not small.is_quantized):
+            raise ValueError(f"small copy must be int4/int8 and large copy float, got {small} / {large}")
+        if device.type != "cpu" and (small is not None or large is not WeightFormat.DENSE):
+            raise ValueError(f"weight formats other than dense run on CPU only (device {device})")
+        self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
+        self.small, self.large = small, large
+        self.crossover_rows = crossover_rows if small is not None else 0
+        groups: Int4Groups | None = None
+        if small is WeightFormat.INT4:
+            groups = weight if isinstance(weight, Int4Groups) else Int4Groups.from_float(dequantize(weight))
+        if small is WeightFormat.INT8 and int8 is None:
+            int8 = Int8Channels.from_float(dequantize(weight))
+        elif small is not WeightFormat.INT8:
+            int8 = None
+        int4 = (None, None) if groups is None else _pack_int4(groups)
+        # the large copy holds the small copy's values, so that a request's results do not depend
+        # on how many rows its step had (only the kernels' rounding differs)
+        if groups is not None:
+            held = Int4Groups(groups.qvals, _bf16(groups.scales), _bf16(groups.zeros)).dequantize()
+        elif int8 is not None:
+            held = Int8Channels(int8.qvals, _bf16(int8.scales)).dequantize()
+        else:
+            held = dequantize(weight)
+        # buffers, not parameters (no trainable weights here); None where the format is absent
+        self.register_buffer("bias", None if bias is None else bias.detach().to(device=device, dtype=dtype),
+                             persistent=False)
+        self.register_buffer("int4_weight", int4[0], persistent=False)         # uint8 [out padded to 16, in // 2]
+        self.register_buffer("int4_scales_zeros", int4[1], persistent=False)   # bf16 [in // 32, out padded, 2]
+        self.register_buffer("int8_weight", None if int8 is None else int8.qvals, persistent=False)   # int8 [out, in]
+        self.register_buffer("int8_scales", None if int8 is None else int8.scales.to(torch.bfloat16),
+                             persistent=False)                                   # bf16 [out]
+        self.register_buffer("large_weight", _large_copy(held, large, dtype, device), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` `[num_tokens, in_features]` -> `[num_tokens, out_features]` in x's dtype."""
+        y = self.small_product(x) if x.shape[0] <= self.crossover_rows else self.large_product(x)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def small_product(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` through the INT4/INT8 copy, in x's dtype (no bias); x cast to bf16 for the kernel."""
+        xb = x.to(torch.bfloat16)
+        if self.int4_weight is not None:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
+            if y.shape[1] != self.out_features:   # rows padded for the packing
+                y = y[:, :self.out_features].contiguous()
+        elif self.int8_weight is not None:
+            y = torch.ops.aten._weight_int8pack_mm(xb, self.int8_weight, self.int8_scales)
+        else:
+            raise RuntimeError("this projection holds no int4/int8 copy")
+        return y.to(x.dtype)
+
+    def large_product(self, x: torch.Tensor) -> torch.Tensor:
+        """`x @ W.T` through the BF16/FP32/DENSE copy, in x's dtype (no bias)."""
+        if self.large is WeightFormat.DENSE:
+            return F.linear(x, self.large_weight)
+        target = torch.bfloat16 if self.large is WeightFormat.BF16 else torch.float32
+        y = torch.ops.mkldnn._linear_pointwise(x.to(target), self.large_weight, None, "none", [None], "")
+        return y.to(x.dtype)
+
+    def set_crossover(self, rows: int) -> None:
+        """Serve inputs of at most `rows` rows (>= 0) with the small copy; 0 drops the small copy
+        (its memory is freed). Called once at load, after measuring (engine/models/crossover.py)."""
+        self.crossover_rows = rows if self.small is not None else 0
+        if self.crossover_rows == 0:
+            self.small = None
+            for name in ("int4_weight", "int4_scales_zeros", "int8_weight", "int8_scales"):
+                setattr(self, name, None)
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Bytes held per copy, by format name ("int4", "bf16", ...), bias in the large copy's entry.
+        oneDNN-reordered copies count their logical size (the blocked layout may pad a little)."""
+        sizes: dict[str, int] = {}
+        if self.small is not None:
+            tensors = (self.int4_weight, self.int4_scales_zeros, self.int8_weight, self.int8_scales)
+            sizes[self.small.value] = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        bias_bytes = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+        sizes[self.large.value] = self.large_weight.numel() * self.large_weight.element_size() + bias_bytes
+        return sizes
+
+    def extra_repr(self) -> str:
+        small = "none" if self.small is None else self.small.value
+        return (f"in={self.in_features}, out={self.out_features}, small={small} (rows <= "
+                f"{self.crossover_rows}), large={self.large.value}, bias={self.bias is not None}")
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to bf16, as the int4/int8 kernels store their scales and zeros."""
+    return t.to(torch.bfloat16).float()
+
+
+def _pack_int4(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed uint8 `[out_pad, in // 2]`, bf16 scales and zeros `[in // 32, out_pad, 2]`) of the
+    4-bit weight; rows padded to a multiple of 16 with zero weights."""
+    pad = -groups.shape[0] % _INT4_ROW_MULTIPLE
+    qvals, scales, zeros = groups.qvals, groups.scales, groups.zeros
+    if pad:
+        qvals = F.pad(qvals, (0, 0, 0, pad), value=8)   # (8 - 8) * scale + 0 = 0
+        scales, zeros = F.pad(scales, (0, 0, 0, pad)), F.pad(zeros, (0, 0, 0, pad))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(qvals.to(torch.int32).contiguous(), 1)
+    scales_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(torch.bfloat16).contiguous()
+    return packed, scales_zeros
+
+
+def _large_copy(weight: torch.Tensor, large: WeightFormat, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The many-rows copy of the float weight `[out, in]`: oneDNN-reordered bf16/float32, or dense."""
+    if large is WeightFormat.DENSE:
+        return weight.detach().to(device=device, dtype=dtype).contiguous()
+    target = torch.bfloat16 if large is WeightFormat.BF16 else torch.float32
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(target).contiguous(), PACK_BATCH_HINT)

@@ -1,0 +1,41 @@
+"""The token embedding lookup, over a dense table or over int8 rows (each row dequantized on lookup)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.quantized_tensor import Int8Channels
+
+
+class TokenEmbedding(nn.Module):
+    """`input_ids` -> rows `[num_tokens, hidden_size]` in `dtype`.
+
+    Holds either `table` (dense `[vocab, hidden]`, looked up as is) or `int8` (per-row int8 and
+    float32 scales; only the looked-up rows are dequantized). With tied embeddings the int8 rows
+    are the LM head's INT8 copy itself (same tensor), so the table is held once.
+    """
+
+    def __init__(self, dtype: torch.dtype, table: torch.Tensor | None = None, int8: Int8Channels | None = None,
+                 shares_rows: bool = False) -> None:
+        super().__init__()
+        if (table is None) == (int8 is None):
+            raise ValueError("TokenEmbedding needs exactly one of a dense table and int8 rows")
+        self.dtype = dtype
+        self.shares_rows = shares_rows   # the int8 rows belong to the LM head (counted there)
+        self.register_buffer("table", table, persistent=False)                                     # [vocab, hidden]
+        self.register_buffer("int8_rows", None if int8 is None else int8.qvals, persistent=False)   # int8 [vocab, hidden]
+        self.register_buffer("int8_scales", None if int8 is None else int8.scales.float(), persistent=False)  # [vocab]
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`input_ids` int64 `[num_tokens]`, each < vocab -> `[num_tokens, hidden]` in the model dtype."""
+        if self.table is not None:
+            return F.embedding(input_ids, self.table)
+        rows = self.int8_rows.index_select(0, input_ids).float()
+        return rows.mul_(self.int8_scales.index_select(0, input_ids)[:, None]).to(self.dtype)
+
+    def resident_bytes(self) -> int:
+        """Bytes this lookup holds of its own (rows shared with the LM head are not counted)."""
+        tensors = [self.table, self.int8_scales] + ([] if self.shares_rows else [self.int8_rows])
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)

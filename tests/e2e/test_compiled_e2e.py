@@ -1,0 +1,73 @@
+"""The session's shared server on its compiled decode step: once the background compile is ready,
+decode steps run compiled (the /metrics counter moves) and answers stay what the API promises:
+stream equal to whole at temperature 0, json_schema answers that validate, forced tool calls whose
+arguments validate, n > 1 with a seed reproducible."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import jsonschema
+
+READY_LINE = "compiled decode step ready"
+READY_TIMEOUT_S = 900.0
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+          "required": ["city", "days"], "additionalProperties": False}
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                         "parameters": SCHEMA}}
+
+
+def _counter(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    match = re.search(rf"^structserve:{name}_total\{{[^}}]*\}} ([0-9.e+]+)$", text, re.M)
+    assert match, f"no {name} counter in /metrics"
+    return float(match.group(1))
+
+
+def _wait_compiled(server) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while READY_LINE not in server.log():
+        assert server.proc.poll() is None, server.log()[-4000:]
+        assert time.monotonic() < deadline, f"no {READY_LINE!r} in {READY_TIMEOUT_S} s:\n{server.log()[-4000:]}"
+        time.sleep(1.0)
+
+
+def test_compiled_step_serves_decodes_and_keeps_the_api_promises(server) -> None:
+    _wait_compiled(server)
+    client = server.client()
+    before = _counter(server, "compiled_steps")
+    messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    whole = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=32)
+    streamed = "".join(chunk.choices[0].delta.content or ""
+                       for chunk in client.chat.completions.create(model="smollm2", messages=messages,
+                                                                   temperature=0, max_tokens=32, stream=True)
+                       if chunk.choices)
+    assert whole.choices[0].message.content and streamed == whole.choices[0].message.content
+    assert _counter(server, "compiled_steps") > before + 10, "decode steps did not run compiled"
+
+    answer = client.chat.completions.create(
+        model="smollm2", temperature=0, max_tokens=64,
+        messages=[{"role": "user", "content": "Plan a trip to Rome: give the city and the number of days."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}})
+    if answer.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(answer.choices[0].message.content), SCHEMA)
+
+    call = client.chat.completions.create(
+        model="smollm2", temperature=0, max_tokens=96, tools=[TOOL], tool_choice="required",
+        messages=[{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}])
+    calls = call.choices[0].message.tool_calls
+    assert calls and call.choices[0].finish_reason == "tool_calls"
+    for tool_call in calls:
+        assert tool_call.function.name == "get_weather"
+        jsonschema.validate(json.loads(tool_call.function.arguments), SCHEMA)
+
+    def sampled() -> list[str]:
+        out = client.chat.completions.create(model="smollm2", messages=messages, temperature=1.0, top_p=0.9,
+                                             max_tokens=16, n=2, seed=7)
+        return [choice.message.content for choice in out.choices]
+
+    first = sampled()
+    assert len(first) == 2 and first == sampled()

@@ -1,0 +1,151 @@
+"""The compiled decode step (engine/compiled_decode.py) against the eager model it compiles.
+
+Model level: logits of decode batches of 1 and of many sequences (contexts across block edges)
+equal eager float32 logits to rounding (atol 1e-4; observed ~3e-6), and the K/V it writes equal
+eager's. Engine level: an engine on the compiled step produces the same greedy and seeded tokens as
+an eager engine, with prefix hits and preemption, counts its compiled and eager steps, and falls
+back to eager (for good) when a call would need a new graph. All on the session's one compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import torch
+from tiny_engine import make_engine
+
+from engine.compiled_decode import CompiledDecode, CompiledDecodeUnavailable
+from engine.request import EngineRequest
+from engine.sampling_params import SamplingParams
+from test_llm_engine import greedy_requests, run_all
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(one_torch_thread: None) -> None:
+    """Tiny graphs run on one torch thread (tests/conftest.py)."""
+
+
+def decode_step(engine: Any, contexts: list[int], seed: int) -> tuple[Any, ...]:
+    """Fill `engine`'s cache for sequences of `contexts` tokens by eager prefill, then build the
+    next decode step's (input_ids, positions, meta) by hand from the engine's own runner."""
+    gen = torch.Generator().manual_seed(seed)
+    runner, bs = engine.runner, engine.config.block_size
+    tables, next_block = [], 0
+    for n in contexts:
+        num = -(-(n + 1) // bs)
+        tables.append(list(range(next_block, next_block + num)))
+        next_block += num
+    for table, n in zip(tables, contexts):
+        ids = torch.randint(0, 250, (n,), generator=gen)
+        step = _metadata(runner, [table], [n], [n])
+        runner.model(ids, torch.arange(n), runner.kv_caches, step)
+    meta = _metadata(runner, tables, [1] * len(contexts), [n + 1 for n in contexts])
+    input_ids = torch.randint(0, 250, (len(contexts),), generator=gen)
+    return input_ids, torch.tensor(contexts), meta
+
+
+def _metadata(runner: Any, tables: list[list[int]], query_lens: list[int], seq_lens: list[int]) -> Any:
+    from engine.attention_metadata import AttentionMetadata
+
+    bs = runner.block_size
+    width = max(2, max(len(t) for t in tables))
+    block_tables = torch.full((len(tables), width), -1, dtype=torch.int32)
+    slots = []
+    for row, (table, q, n) in enumerate(zip(tables, query_lens, seq_lens)):
+        block_tables[row, :len(table)] = torch.tensor(table, dtype=torch.int32)
+        slots += [table[p // bs] * bs + p % bs for p in range(n - q, n)]
+    cu = [0]
+    for q in query_lens:
+        cu.append(cu[-1] + q)
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots), block_tables=block_tables, cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32), query_lens=query_lens, seq_lens_list=seq_lens,
+        num_decodes=sum(q == 1 for q in query_lens), block_size=bs, max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens))
+
+
+@pytest.mark.parametrize("contexts", [[20], [15, 16, 17, 31, 32, 33, 1, 90], [47, 3]])
+def test_logits_and_kv_match_eager(compiled_tiny, contexts: list[int]) -> None:
+    model, _, compiled = compiled_tiny
+    engine = make_engine(compiled_tiny)
+    with torch.inference_mode():
+        input_ids, positions, meta = decode_step(engine, contexts, seed=len(contexts))
+        caches = engine.runner.kv_caches
+        before = [(k.clone(), v.clone()) for k, v in caches]
+        eager = model.compute_logits(model(input_ids, positions, caches, meta))
+        eager_kv = [(k.clone(), v.clone()) for k, v in caches]
+        for (k, v), (k0, v0) in zip(caches, before):
+            k.copy_(k0)
+            v.copy_(v0)
+        got = compiled.run(input_ids, positions, caches, dataclasses.replace(meta, decode_only=True))
+    assert got.shape == eager.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, eager, atol=1e-4, rtol=0)
+    owned = slice(0, engine.runner.scratch_block)        # the scratch block is garbage by design
+    for (k, v), (ke, ve) in zip(caches, eager_kv):
+        torch.testing.assert_close(k[owned], ke[owned], atol=1e-5, rtol=0)
+        torch.testing.assert_close(v[owned], ve[owned], atol=1e-5, rtol=0)
+
+
+def test_engine_outputs_match_eager_with_preemption_and_prefix_hits(compiled_tiny) -> None:
+    eager = run_all(make_engine(compiled_tiny[:2]), greedy_requests())
+    compiled_engine = make_engine(compiled_tiny, num_blocks=9)       # tight: preempts and resumes
+    assert run_all(compiled_engine, greedy_requests()) == eager
+    assert compiled_engine.scheduler.num_preemptions > 0
+    again = run_all(compiled_engine, greedy_requests())
+    assert again == eager
+    stats = compiled_engine.stats()
+    assert stats.compiled_steps > 0 and stats.eager_steps > 0
+    assert stats.compiled_steps + stats.eager_steps == compiled_engine.runner.num_compiled_steps + \
+        compiled_engine.runner.num_eager_steps
+
+
+def test_seeded_choices_match_eager(compiled_tiny) -> None:
+    params = SamplingParams(temperature=1.0, n=3, seed=11, max_tokens=12, ignore_eos=True)
+    requests = [EngineRequest("a", list(range(40)), params)]
+    compiled_engine = make_engine(compiled_tiny)
+    assert run_all(compiled_engine, requests) == run_all(make_engine(compiled_tiny[:2]), requests)
+    assert compiled_engine.stats().compiled_steps >= 10
+
+
+def test_a_call_that_would_recompile_falls_back_to_eager(compiled_tiny) -> None:
+    model, _, compiled = compiled_tiny
+    engine = make_engine(compiled_tiny)
+    with torch.inference_mode():
+        input_ids, positions, meta = decode_step(engine, [5, 9], seed=0)
+        wide = dataclasses.replace(meta, decode_only=True, block_tables=meta.block_tables.long())
+        with pytest.raises(CompiledDecodeUnavailable, match="recompile"):
+            compiled.run(input_ids, positions, engine.runner.kv_caches, wide)
+    engine.runner.compiled = _Recompiling(compiled)
+    tokens = run_all(engine, greedy_requests(n_requests=2, max_tokens=5))
+    assert engine.runner.compiled is None and engine.stats().compiled_steps == 0
+    assert tokens == run_all(make_engine(compiled_tiny[:2]), greedy_requests(n_requests=2, max_tokens=5))
+
+
+class _Recompiling:
+    """A ready compiled step whose every call needs a new graph (int64 block tables)."""
+
+    ready = True
+
+    def __init__(self, compiled: CompiledDecode) -> None:
+        self.compiled = compiled
+
+    def run(self, input_ids, positions, kv_caches, meta):
+        meta = dataclasses.replace(meta, block_tables=meta.block_tables.long())
+        return self.compiled.run(input_ids, positions, kv_caches, meta)
+
+
+def test_background_warm_up_while_eager_serves(compiled_tiny) -> None:
+    """compile_decode=True: the engine warms its own CompiledDecode up on a thread while steps run
+    eagerly, then serves decodes through it; outputs equal eager throughout."""
+    model, arch, _ = compiled_tiny
+    engine = make_engine((model, arch), compile_decode=True)
+    compiled = engine.runner.compiled
+    assert isinstance(compiled, CompiledDecode)
+    requests = greedy_requests(n_requests=3, max_tokens=30)
+    first = run_all(engine, requests)
+    assert compiled.wait(timeout_s=300), compiled.error      # a cache hit: seconds
+    before = engine.stats().compiled_steps
+    assert run_all(engine, requests) == first == run_all(make_engine((model, arch)), requests)
+    assert engine.stats().compiled_steps > before
