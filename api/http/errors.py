@@ -114,6 +114,7 @@ _ANTHROPIC_TYPES = {
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    408: "timeout_error",   # Anthropic sends it with 504; the status stays the other routes' 408
     413: "request_too_large",
     429: "rate_limit_error",
     500: "api_error",
