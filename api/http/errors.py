@@ -130,11 +130,16 @@ def is_anthropic_route(path: str | None) -> bool:
 def anthropic_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
     """(status, body) of `exc` in Anthropic's shape: the ERROR_STATUS status (529 for
     EngineOverloaded), the Anthropic error type of that status (other 4xx: invalid_request_error,
-    other 5xx: api_error) and the same client-safe message as the OpenAI body."""
+    other 5xx: api_error) and the same client-safe message as the OpenAI body, naming the field
+    at fault when the message does not already."""
     status, _, _ = error_status(exc)
     if isinstance(exc, EngineOverloaded):
         status = OVERLOADED_STATUS
-    return status, anthropic_error_body(status, error_body(exc).error.message)
+    info = error_body(exc).error
+    message = info.message
+    if info.param and info.param not in message:   # Anthropic's body has no `param`: name it here
+        message = f"{message} (at {info.param})"
+    return status, anthropic_error_body(status, message)
 
 
 def anthropic_error_body(status: int, message: str) -> dict[str, Any]:

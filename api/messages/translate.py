@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from api.errors import InvalidRequest
 from api.generation.constraints import json_schema_grammar
 from api.generation.inputs import (
     FunctionTool,
@@ -40,6 +41,7 @@ from api.messages.protocol import (
     ToolChoiceTool,
     ToolResultBlock,
     ToolUseBlock,
+    UnsupportedTool,
 )
 from api.messages.protocol import ToolChoice as MessagesToolChoice
 from engine import SamplingParams
@@ -53,7 +55,8 @@ def translate(body: CountTokensRequest, adapter: str | None, max_model_len: int)
     brings its max_tokens, stop_sequences and sampling; a CountTokensRequest only the prompt
     (its budget is the context). Walks the output schema: call it off the event loop.
 
-    Raises InvalidRequest for a malformed output_config.format.schema; InvalidSamplingParams for
+    Raises InvalidRequest for a malformed output_config.format.schema or a block in the wrong
+    turn; InvalidSamplingParams for
     inconsistent sampling values.
     """
     if isinstance(body, MessagesRequest):
@@ -77,17 +80,27 @@ def translate(body: CountTokensRequest, adapter: str | None, max_model_len: int)
 
 
 def conversation(system: str | list[TextBlock] | None, messages: Sequence[InputMessage]) -> tuple[Message, ...]:
-    """The system prompt and the turns as chat-template messages (see the module docstring)."""
+    """The system prompt and the turns as chat-template messages (see the module docstring).
+
+    Raises InvalidRequest (param `messages[i].content[j]`) for a tool_use block in a user turn or
+    a tool_result block in an assistant turn.
+    """
     turns: list[Message] = []
     if system:
         turns.append(Message(role="system", content=_joined(system)))
-    for message in messages:
+    for i, message in enumerate(messages):
         if isinstance(message.content, str):
             turns.append(Message(role=message.role, content=message.content))
-        elif message.role == "assistant":
-            turns.append(_assistant_turn(message))
-        else:
-            turns.extend(_user_turns(message))
+            continue
+        misplaced = ToolResultBlock if message.role == "assistant" else ToolUseBlock
+        for j, block in enumerate(message.content):
+            if isinstance(block, misplaced):
+                raise InvalidRequest(
+                    f"a {block.type} block cannot be in a {message.role} turn "
+                    "(tool_use belongs to assistant turns, tool_result to user turns)",
+                    param=f"messages[{i}].content[{j}]",
+                )
+        turns.extend([_assistant_turn(message)] if message.role == "assistant" else _user_turns(message))
     return tuple(turns)
 
 
@@ -116,7 +129,6 @@ def _user_turns(message: InputMessage) -> list[Message]:
             if block.is_error:
                 content = _ERROR_PREFIX + content
             turns.append(Message(role="tool", content=content, tool_call_id=block.tool_use_id))
-        # a tool_use block in a user turn has no meaning for the template and is not rendered
     if texts or not turns:
         turns.append(Message(role="user", content="\n".join(texts)))
     return turns
@@ -126,7 +138,9 @@ def _joined(content: str | list[TextBlock]) -> str:
     return content if isinstance(content, str) else "\n".join(block.text for block in content)
 
 
-def tool_inputs(tools: Sequence[object] | None, choice: MessagesToolChoice | None) -> ToolInputs:
+def tool_inputs(
+    tools: Sequence[CustomTool | UnsupportedTool] | None, choice: MessagesToolChoice | None
+) -> ToolInputs:
     """`tools` (client tools; the protocol already refused server tools) and `tool_choice`;
     schema paths read `tools[i].input_schema`."""
     return ToolInputs(

@@ -125,7 +125,8 @@ def test_errors_are_sdk_exceptions(messages_server: Server, client: anthropic.An
             {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}])
     assert bad.value.body == {"type": "error", "error": {  # type: ignore[comparison-overlap]
         "type": "invalid_request_error",
-        "message": "content block type 'document' is not supported: this server serves text-only models"}}
+        "message": "content block type 'document' is not supported: this server serves text-only models "
+                   "(at messages[0].content[0].type)"}}
     with pytest.raises(anthropic.BadRequestError):
         client.messages.create(model=MODEL, max_tokens=8, messages=QUESTION, extra_body={"bogus": 1})
     with anthropic.Anthropic(base_url=messages_server.url, api_key="wrong", max_retries=0) as wrong:

@@ -170,6 +170,10 @@ def assert_anthropic_error(response: httpx.Response, status: int, error_type: st
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, ["thinking"]),
         ({"tool_choice": {"type": "any"}}, ["tool_choice"]),
         ({"stop_sequences": [""]}, ["stop_sequences"]),
+        ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f",
+                                                     "input": {}}]}]}, ["tool_use", "user turn"]),
+        ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}]}, ["tool_result", "assistant"]),
     ],
 )
 async def test_invalid_requests(client: httpx.AsyncClient, fields: dict[str, Any], words: list[str]) -> None:
