@@ -21,11 +21,13 @@ from api.responses.store import ResponsesStore
 from api.admin import health, lora, metrics, models, tokenize
 from api.chat import router as chat
 from api.completions import router as completions
+from api.messages import router as messages
 from api.responses import router as responses
 
 
 def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
-    """Build the app around a started engine: OpenAI routes under /v1 (API key when configured),
+    """Build the app around a started engine: OpenAI routes and Anthropic's /v1/messages under /v1
+    (API key when configured),
     /tokenize, /detokenize, /health, /version; OpenAI error bodies; x-request-id on every response;
     503 for new requests once `app.state.drain` drains (`api/http/shutdown.py`); /metrics from
     `app.state.metrics` (`api/observability/metrics.py`); one log line per generation request
@@ -51,7 +53,7 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     app.state.responses = state
     app.state.drain = DrainState()
     app.state.metrics = ServingMetrics(engine, app.state.context.served_model_names[0])
-    for module in (chat, completions, responses, models, tokenize, health, metrics, lora):
+    for module in (chat, completions, responses, messages, models, tokenize, health, metrics, lora):
         app.include_router(module.router)
     install_error_handlers(app)
     install_openapi(app)

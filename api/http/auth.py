@@ -11,16 +11,21 @@ from api.errors import AuthenticationFailed
 
 
 async def require_api_key(request: Request, context: Context) -> None:
-    """FastAPI dependency: with an api key configured, demand `Authorization: Bearer <key>`.
+    """FastAPI dependency: with an api key configured, demand `Authorization: Bearer <key>` or
+    `x-api-key: <key>` (what Anthropic's clients send); either one matching is enough.
 
-    The comparison is constant-time. Raises AuthenticationFailed (401).
+    The comparisons are constant-time. Raises AuthenticationFailed (401).
     """
     expected = context.config.api_key
     if not expected:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise AuthenticationFailed("Incorrect or missing API key; send 'Authorization: Bearer <key>'.")
+    bearer = token.strip() if scheme.lower() == "bearer" else ""
+    keys = [key for key in (bearer, request.headers.get("x-api-key", "").strip()) if key]
+    if not any(hmac.compare_digest(key.encode(), expected.encode()) for key in keys):
+        raise AuthenticationFailed(
+            "Incorrect or missing API key; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
+        )
 
 
 async def require_metrics_key(request: Request, context: Context) -> None:

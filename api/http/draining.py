@@ -45,7 +45,7 @@ class DrainMiddleware:
             return
         if self.drain.draining:
             exc = ServerShuttingDown("the server is shutting down; retry on another replica or later")
-            await error_response(exc, error_headers(exc))(scope, receive, send)
+            await error_response(exc, error_headers(exc), scope.get("path"))(scope, receive, send)
             return
         self.drain.num_in_flight += 1
         try:

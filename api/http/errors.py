@@ -3,6 +3,10 @@
 Every non-2xx body is `{"error": {"message", "type", "param", "code"}}`; `code` is a string or
 null, never the HTTP status. Inside a started SSE stream the same body goes out as a final
 `data:` event (see `api/streaming/sse.py`).
+
+On Anthropic's routes (/v1/messages*) the same exceptions render as Anthropic's error body
+`{"type": "error", "error": {"type", "message"}}` with the type of the status
+(https://docs.anthropic.com/en/api/errors); an overloaded engine is 529 overloaded_error there.
 """
 
 from __future__ import annotations
@@ -123,8 +127,56 @@ def error_body(exc: BaseException) -> ErrorResponse:
     )
 
 
-def error_response(exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
-    """A JSONResponse with the status and body of `exc`."""
+ANTHROPIC_ROUTE_PREFIX = "/v1/messages"
+OVERLOADED_STATUS = 529
+"""Anthropic's status for an overloaded server (its SDK retries it like a 429)."""
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",   # Anthropic sends it with 504; the status stays the other routes' 408
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    OVERLOADED_STATUS: "overloaded_error",
+}
+
+
+def is_anthropic_route(path: str | None) -> bool:
+    """Whether `path` is one of Anthropic's routes, whose errors use Anthropic's body."""
+    return path is not None and (path == ANTHROPIC_ROUTE_PREFIX or path.startswith(ANTHROPIC_ROUTE_PREFIX + "/"))
+
+
+def anthropic_error(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """(status, body) of `exc` in Anthropic's shape: the ERROR_STATUS status (529 for
+    EngineOverloaded), the Anthropic error type of that status (other 4xx: invalid_request_error,
+    other 5xx: api_error) and the same client-safe message as the OpenAI body, naming the field
+    at fault when the message does not already."""
+    status, _, _ = error_status(exc)
+    if isinstance(exc, EngineOverloaded):
+        status = OVERLOADED_STATUS
+    info = error_body(exc).error
+    message = info.message
+    if info.param and info.param not in message:   # Anthropic's body has no `param`: name it here
+        message = f"{message} (at {info.param})"
+    return status, anthropic_error_body(status, message)
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}` with the Anthropic error type of `status`."""
+    error_type = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def error_response(
+    exc: BaseException, headers: dict[str, str] | None = None, path: str | None = None
+) -> JSONResponse:
+    """A JSONResponse with the status and body of `exc`; Anthropic's shape when `path` (the
+    request's) is an Anthropic route."""
+    if is_anthropic_route(path):
+        status, body = anthropic_error(exc)
+        return JSONResponse(body, status_code=status, headers=headers)
     status, _, _ = error_status(exc)
     return JSONResponse(error_body(exc).model_dump(), status_code=status, headers=headers)
 
@@ -144,7 +196,9 @@ def error_headers(exc: BaseException) -> dict[str, str] | None:
     return None
 
 
-def _http_error_body(status: int, message: str) -> dict[str, object]:
+def _http_error_body(status: int, message: str, path: str) -> dict[str, object]:
+    if is_anthropic_route(path):
+        return anthropic_error_body(status, message)
     error_type = "invalid_request_error" if status < 500 else "server_error"
     info = ErrorInfo(message=bounded(message, MAX_ERROR_MESSAGE_CHARS), type=error_type)
     return ErrorResponse(error=info).model_dump()
@@ -154,19 +208,21 @@ async def _handle_known(request: Request, exc: Exception) -> JSONResponse:
     status, _, _ = error_status(exc)
     if status >= 500:
         logger.error("request %s failed: %s", getattr(request.state, "request_id", "-"), exc)
-    return error_response(exc, error_headers(exc))
+    return error_response(exc, error_headers(exc), request.url.path)
 
 
 async def _handle_http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     return JSONResponse(
-        _http_error_body(exc.status_code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        _http_error_body(exc.status_code, str(exc.detail), request.url.path),
+        status_code=exc.status_code,
+        headers=exc.headers,
     )
 
 
 async def _handle_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return error_response(invalid_request_from_errors(list(exc.errors()), None))
+    return error_response(invalid_request_from_errors(list(exc.errors()), None), path=request.url.path)
 
 
 def invalid_request_from_errors(errors: list[Any], data: Any) -> ApiError:

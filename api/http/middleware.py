@@ -53,7 +53,7 @@ class RequestIdMiddleware:
             logger.exception("request %s: unhandled error", request_id)
             if started:
                 raise
-            await error_response(RuntimeError("internal"))(scope, receive, send_with_id)
+            await error_response(RuntimeError("internal"), path=scope.get("path"))(scope, receive, send_with_id)
 
 
 def _client_request_id(scope: Scope) -> str | None:

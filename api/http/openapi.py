@@ -3,7 +3,8 @@
 The routes read their bodies themselves (`api/http/body.py`: strict, 400 naming the field), so
 FastAPI sees no body parameter and would publish POST operations without a request body, and
 would promise 422 validation bodies the server never sends. REQUEST_BODIES puts the bodies back;
-every operation documents its non-2xx answers as the OpenAI error object (`api/http/errors.py`).
+every operation documents its non-2xx answers as the OpenAI error object (`api/http/errors.py`),
+or as Anthropic's error object on /v1/messages*.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from api.protocol.common import ErrorResponse
 from api.completions.protocol import CompletionRequest
 from api.admin.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from api.responses.protocol.request import ResponsesRequest
+from api.messages.objects import AnthropicError
+from api.messages.protocol import CountTokensRequest, MessagesRequest
+from api.http.errors import is_anthropic_route
 from api.admin.protocol import DetokenizeRequest, TokenizeRequest
 
 REQUEST_BODIES: dict[tuple[str, str], type[BaseModel]] = {
@@ -27,6 +31,8 @@ REQUEST_BODIES: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/chat/completions"): ChatCompletionRequest,
     ("post", "/v1/completions"): CompletionRequest,
     ("post", "/v1/responses"): ResponsesRequest,
+    ("post", "/v1/messages"): MessagesRequest,
+    ("post", "/v1/messages/count_tokens"): CountTokensRequest,
     ("post", "/tokenize"): TokenizeRequest,
     ("post", "/detokenize"): DetokenizeRequest,
     ("post", "/v1/load_lora_adapter"): LoadLoraAdapterRequest,
@@ -52,7 +58,8 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
     ErrorResponse on every operation."""
     document = get_openapi(title=app.title, version=app.version, routes=app.routes)
     models: list[tuple[type[BaseModel], Any]] = [(m, "validation") for m in REQUEST_BODIES.values()]
-    refs, defs = models_json_schema([*models, (ErrorResponse, "serialization")], ref_template=_REF)
+    errors: list[tuple[type[BaseModel], Any]] = [(ErrorResponse, "serialization"), (AnthropicError, "serialization")]
+    refs, defs = models_json_schema([*models, *errors], ref_template=_REF)
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for name in _UNUSED:
         schemas.pop(name, None)
@@ -61,6 +68,8 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
     schemas.update(new)
     error = {"description": "OpenAI error object",
              "content": {"application/json": {"schema": refs[(ErrorResponse, "serialization")]}}}
+    anthropic_error = {"description": "Anthropic error object",
+                       "content": {"application/json": {"schema": refs[(AnthropicError, "serialization")]}}}
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
             model = REQUEST_BODIES.get((method, path))
@@ -70,5 +79,5 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
                     "content": {"application/json": {"schema": refs[(model, "validation")]}},
                 }
             operation["responses"].pop("422", None)
-            operation["responses"]["default"] = error
+            operation["responses"]["default"] = anthropic_error if is_anthropic_route(path) else error
     return document

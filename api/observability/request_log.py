@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger(__name__)
 
-LOGGED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
+LOGGED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"})
 _CLIENT_CLOSED = 499
 
 

@@ -94,7 +94,7 @@ class FakeEngine:
         if self.grammar_error is not None and request.grammar_spec is not None:
             raise self.grammar_error
         plans = [self._plan(request, i) for i in range(params.n)]
-        num_steps = max(len(ids) for ids, _, _ in plans)
+        num_steps = max(len(ids) for ids, _, _, _ in plans)
         done = False
         self._live.add(request.request_id)
         try:
@@ -111,7 +111,7 @@ class FakeEngine:
                     yield RequestOutput(request.request_id, aborts, num_prompt, 2, num_output, finished=True)
                     return
                 deltas = []
-                for i, (ids, texts, reason) in enumerate(plans):
+                for i, (ids, texts, reason, stop_reason) in enumerate(plans):
                     if step >= len(ids):
                         continue
                     num_output += 1
@@ -121,7 +121,8 @@ class FakeEngine:
                         top = [(ids[step], -0.25), (ord("x"), float("-inf"))][: params.logprobs]
                         logprobs = [TokenLogprob(ids[step], -0.25, top)]
                     deltas.append(
-                        CompletionDelta(i, [ids[step]], texts[step], logprobs, reason if last else None)
+                        CompletionDelta(i, [ids[step]], texts[step], logprobs, reason if last else None,
+                                        stop_reason if last else None)
                     )
                 finished = step == num_steps - 1
                 yield RequestOutput(
@@ -139,20 +140,22 @@ class FakeEngine:
             if not done:
                 self.aborted.append(request.request_id)
 
-    def _plan(self, request: EngineRequest, index: int) -> tuple[list[int], list[str], str]:
-        """(token ids, text released per token, finish reason) of one choice."""
+    def _plan(self, request: EngineRequest, index: int) -> tuple[list[int], list[str], str, str | None]:
+        """(token ids, text released per token, finish reason, the stop string that ended it) of
+        one choice."""
         stops, max_tokens = request.sampling_params.stop, request.sampling_params.max_tokens
         text = self.choice_text(index, request)
-        cuts = [text.index(s) for s in stops if s in text]
+        cuts = sorted((text.index(s), s) for s in stops if s in text)
+        stop_reason = cuts[0][1] if cuts else None
         if cuts:
-            text = text[: min(cuts)]
+            text = text[: cuts[0][0]]
         ids = self.tokenizer.encode(text)
         if not ids:  # a stop string at the very start: one token is generated, its text withheld
-            return [ord(" ")], [""], "stop"
+            return [ord(" ")], [""], "stop", stop_reason
         reason = "stop"
         if len(ids) > max_tokens:
-            ids, reason = ids[:max_tokens], "length"
-        return ids, _released_texts(self.tokenizer, ids), reason
+            ids, reason, stop_reason = ids[:max_tokens], "length", None
+        return ids, _released_texts(self.tokenizer, ids), reason, stop_reason
 
     def abort(self, request_id: str) -> None:
         self.abort_calls.append(request_id)

@@ -4,7 +4,7 @@ Every operation gets schema-valid (positive) and schema-invalid (negative) data:
 phase draws MAX_EXAMPLES random cases of both kinds per operation; the coverage phase adds the
 schema-derived ones (boundary values, wrong types, out-of-range values, missing fields, unknown
 methods). Each answer must come within CALL_TIMEOUT_S and must not be a 5xx, every 4xx body
-must be the OpenAI error object, and a 200 stream must not end in an error event other than the
+must be the OpenAI error object (Anthropic's on /v1/messages*), and a 200 stream must not end in an error event other than the
 request timeout. Afterwards the server is healthy and idle: /health 200, no running or waiting
 requests, KV cache usage 0.
 
@@ -12,7 +12,7 @@ Bounds, because a CPU makes a few tokens a second:
 - --max-model-len 512, and output lengths within the context are cut to MAX_OUTPUT_TOKENS before
   sending (`bound_generation`); lengths beyond it are sent as generated and must get a 400.
 - --request-timeout aborts (408) whatever still runs long; that also drives abort-and-free.
-- the coverage phase's positive cases of the three generating operations are left out (several
+- the coverage phase's positive cases of the four generating operations are left out (several
   hundred generations, minutes on a CPU); the fuzzing phase sends those operations positive data.
 None of this hides what the checks look for: validation, model lookup, prompt rendering and
 grammar compiles all happen before the first token.
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 logger = logging.getLogger(__name__)
 
 MAX_EXAMPLES = 100               # fuzzing-phase cases per operation
-MAX_EXAMPLES_GENERATING = 150    # for the three generating operations: most of their cases are 4xx
+MAX_EXAMPLES_GENERATING = 150    # for the four generating operations: most of their cases are 4xx
 MAX_MODEL_LEN = 512
 MAX_OUTPUT_TOKENS = 2
 REQUEST_TIMEOUT_S = 5.0          # the server's --request-timeout
@@ -54,8 +54,11 @@ LENGTH_FIELDS = {
     "/v1/chat/completions": ("max_tokens", "max_completion_tokens", "min_tokens"),
     "/v1/completions": ("max_tokens", "min_tokens"),
     "/v1/responses": ("max_output_tokens",),
+    "/v1/messages": ("max_tokens",),
 }
 _ERROR_KEYS = {"message", "type", "param", "code"}
+_ANTHROPIC_ERROR_TYPES = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+                          "request_too_large", "rate_limit_error", "timeout_error", "api_error", "overloaded_error"}
 # schema-invalid data here must be refused; a wrong Content-Type is not checked: bodies are read
 # as JSON whatever it says (`curl -d` sends form-urlencoded)
 _CHECKED_LOCATIONS = (ParameterLocation.BODY, ParameterLocation.QUERY, ParameterLocation.PATH)
@@ -126,8 +129,11 @@ schema = schemathesis.pytest.from_fixture("api_schema").exclude(path=GENERATING)
 generating = schemathesis.pytest.from_fixture("generating_schema").include(path=GENERATING)
 
 
-def error_problem(status: int, body: bytes) -> str | None:
-    """What is wrong with a 4xx body, or None when it is `{"error": {message, type, param, code}}`."""
+def error_problem(status: int, body: bytes, path: str = "") -> str | None:
+    """What is wrong with a 4xx body, or None when it is `{"error": {message, type, param, code}}`
+    (on /v1/messages*: Anthropic's `{"type": "error", "error": {type, message}}`)."""
+    if path.startswith("/v1/messages"):
+        return anthropic_error_problem(status, body)
     try:
         error = json.loads(body)["error"]
     except (ValueError, KeyError, TypeError):
@@ -141,6 +147,20 @@ def error_problem(status: int, body: bytes) -> str | None:
     return None
 
 
+def anthropic_error_problem(status: int, body: bytes) -> str | None:
+    """What is wrong with a 4xx body of an Anthropic route, or None when it is Anthropic's error."""
+    try:
+        data = json.loads(body)
+        error = data["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"{status} body is not an Anthropic error object: {body[:300]!r}"
+    if data.get("type") != "error" or not isinstance(error, dict) or set(error) != {"type", "message"}:
+        return f"{status} body is {data!r}, want type 'error' and error keys type, message"
+    if error["type"] not in _ANTHROPIC_ERROR_TYPES or not isinstance(error["message"], str):
+        return f"{status} error type {error['type']!r} is not one of Anthropic's"
+    return None
+
+
 def stream_problem(content_type: str, body: bytes) -> str | None:
     """An error event inside a 200 SSE stream (a 5xx in disguise), or None. The request timeout
     is the one error allowed there: this server aborts long generations with it by design."""
@@ -150,6 +170,10 @@ def stream_problem(content_type: str, body: bytes) -> str | None:
         if not line.startswith("data: {"):
             continue
         event = json.loads(line.removeprefix("data: "))
+        if event.get("type") == "error" and isinstance(event.get("error"), dict):   # Messages
+            if event["error"].get("type") != "timeout_error":
+                return f"error event in a 200 stream: {line[:500]}"
+            continue
         if isinstance(event.get("error"), dict):      # chat / completions: {"error": {...}}
             error = event["error"]
         elif event.get("type") == "error":            # Responses: an `error` event
@@ -197,7 +221,7 @@ def check_case(case: schemathesis.Case, tally: Counter[str], response_id: str) -
     assert elapsed_s < CALL_TIMEOUT_S, f"took {elapsed_s:.1f}s: {described}"
     assert status < 500, f"server error {response.content[:500]!r}: {described}"
     if 400 <= status < 500:
-        problem = error_problem(status, response.content)
+        problem = error_problem(status, response.content, case.path)
         assert problem is None, f"{problem}: {described}"
     if case.meta is not None and any(case.meta.is_negative_at(at) for at in _CHECKED_LOCATIONS):
         assert status >= 400, f"schema-invalid data accepted: {described}"

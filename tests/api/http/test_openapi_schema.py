@@ -1,4 +1,5 @@
-"""/openapi.json: every body-reading route documents its body; errors are OpenAI error objects."""
+"""/openapi.json: every body-reading route documents its body; errors are OpenAI error objects
+(Anthropic's on /v1/messages*)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ async def test_errors_are_documented_as_openai_objects(client: httpx.AsyncClient
             responses = operation["responses"]
             assert "422" not in responses, f"{method} {path}: validation errors are 400s"
             error = responses["default"]["content"]["application/json"]["schema"]
-            assert error == {"$ref": "#/components/schemas/ErrorResponse"}, f"{method} {path}"
+            shape = "AnthropicError" if path.startswith("/v1/messages") else "ErrorResponse"
+            assert error == {"$ref": f"#/components/schemas/{shape}"}, f"{method} {path}"
     error_info = document["components"]["schemas"]["ErrorInfo"]
     assert set(error_info["properties"]) == {"message", "type", "param", "code"}
     assert "content" not in document["paths"]["/health"]["get"]["responses"]["200"]   # empty body

@@ -156,3 +156,13 @@ async def test_other_routes_are_not_logged(client: httpx.AsyncClient, caplog: py
     assert (await client.get("/v1/models")).status_code == 200
     assert (await client.get("/health")).status_code == 200
     assert lines(caplog) == []
+
+
+async def test_messages_stream_line(client: httpx.AsyncClient, engine: FakeEngine,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    body = {"model": "fake-model", "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": "Hi"}]}
+    response = await client.post("/v1/messages", json=body)
+    assert response.status_code == 200 and "message_stop" in response.text
+    (line,) = lines(caplog)
+    assert line["endpoint"] == "/v1/messages" and line["outcome"] == "ok" and line["status"] == 200
+    assert line["prompt_tokens"] == len(engine.requests[0].prompt_token_ids) and line["output_tokens"] == 4
