@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from responses_bench import chat_body, one
+from responses_bench import chat_body, one, run_requests
 from run_bench import add_load_arguments, import_loadgen, served
 
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
@@ -52,27 +52,13 @@ async def one_message(client: httpx.AsyncClient, body: dict) -> tuple[float | No
 
 
 async def run_load(base_url: str, endpoint: str, questions: list[str], a: argparse.Namespace) -> dict:
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(a.requests):
-        queue.put_nowait(i)
-    results: list[tuple[float | None, int]] = []
-    limits = httpx.Limits(max_connections=a.concurrency)
-    async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits, trust_env=False) as client:
-        async def worker() -> None:
-            while not queue.empty():
-                question = questions[queue.get_nowait() % len(questions)]
-                if endpoint == CHAT:
-                    results.append(await one(client, CHAT, chat_body(question, a.max_tokens)))
-                else:
-                    results.append((await one_message(client, messages_body(question, a.max_tokens)))[:2])
+    """responses_bench.run_requests on chat or Messages (`endpoint`), same questions and max_tokens."""
+    async def send(client: httpx.AsyncClient, question: str) -> tuple[float | None, int]:
+        if endpoint == CHAT:
+            return await one(client, CHAT, chat_body(question, a.max_tokens))
+        return (await one_message(client, messages_body(question, a.max_tokens)))[:2]
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(a.concurrency)))
-        wall = time.perf_counter() - start
-    tokens = sum(t for _, t in results)
-    ttfts = sorted(t for t, _ in results if t is not None)
-    return {"output_tok_s": tokens / wall, "output_tokens": tokens,
-            "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2] if ttfts else None}
+    return await run_requests(base_url, send, questions, a)
 
 
 async def same_answers(base_url: str, questions: list[str], max_tokens: int) -> bool:

@@ -18,6 +18,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -58,8 +59,13 @@ async def one(client: httpx.AsyncClient, endpoint: str, body: dict) -> tuple[flo
     return ttft, tokens
 
 
-async def run_load(base_url: str, endpoint: str, questions: list[str], a: argparse.Namespace) -> dict:
-    make = chat_body if endpoint == "/v1/chat/completions" else responses_body
+Send = Callable[[httpx.AsyncClient, str], Awaitable[tuple[float | None, int]]]
+
+
+async def run_requests(base_url: str, send: Send, questions: list[str], a: argparse.Namespace) -> dict:
+    """`a.requests` requests, `a.concurrency` at a time, each `send(client, question)` returning (TTFT
+    seconds or None, output tokens), over the loadgen's questions in turn: output tok/s, tokens and
+    TTFT p50 (ms)."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(a.requests):
         queue.put_nowait(i)
@@ -68,8 +74,7 @@ async def run_load(base_url: str, endpoint: str, questions: list[str], a: argpar
     async with httpx.AsyncClient(base_url=base_url, timeout=600, limits=limits, trust_env=False) as client:
         async def worker() -> None:
             while not queue.empty():
-                i = queue.get_nowait()
-                results.append(await one(client, endpoint, make(questions[i % len(questions)], a.max_tokens)))
+                results.append(await send(client, questions[queue.get_nowait() % len(questions)]))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(a.concurrency)))
@@ -78,6 +83,12 @@ async def run_load(base_url: str, endpoint: str, questions: list[str], a: argpar
     ttfts = sorted(t for t, _ in results if t is not None)
     return {"output_tok_s": tokens / wall, "output_tokens": tokens,
             "ttft_p50_ms": 1000 * ttfts[len(ttfts) // 2] if ttfts else None}
+
+
+async def run_load(base_url: str, endpoint: str, questions: list[str], a: argparse.Namespace) -> dict:
+    """run_requests on chat or Responses (`endpoint`) with the same questions and max_tokens."""
+    make = chat_body if endpoint == "/v1/chat/completions" else responses_body
+    return await run_requests(base_url, lambda client, q: one(client, endpoint, make(q, a.max_tokens)), questions, a)
 
 
 def main() -> None:

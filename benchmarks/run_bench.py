@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,11 +72,14 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclasses.dataclass
 class Served:
-    """A running benchmark server: its base URL (no /v1), process id and seconds from launch to a
-    healthy /health."""
+    """A running benchmark server: its base URL (no /v1), process id, seconds from launch to a
+    healthy /health, seconds from launch to the end of its background decode-step compile, and its
+    log lines that say which weight formats and compiled graphs it chose."""
     base_url: str
     pid: int
     ready_s: float
+    compiled_s: float
+    setup: list[str]
 
     def rss_bytes(self) -> int:
         """Resident set size of the server process now (VmRSS of /proc/<pid>/status), bytes."""
@@ -85,16 +89,28 @@ class Served:
         raise RuntimeError(f"no VmRSS for pid {self.pid}")
 
 
+SETUP_LOG = ("engine.model_loader: weights:", "engine.models.crossover:", "engine.threads:",
+             "engine.compiled_decode:")
+
+
 @contextlib.contextmanager
 def served(server_args: list[str]) -> Iterator[Served]:
-    """`structserve serve` (model name smollm2) on a free loopback port, healthy; yields a Served and
-    stops the server afterwards (`server_process.py`: it also dies with this process)."""
+    """`structserve serve` (model name smollm2) on a free loopback port, healthy and past its
+    background compile (the loads would otherwise time the compiler); yields a Served and stops the
+    server afterwards (`server_process.py`: it also dies with this process)."""
     started = time.monotonic()
-    server = start_server(["--served-model-name", "smollm2", *server_args], timeout_s=300.0, poll_s=1.0)
-    try:
-        yield Served(server.url, server.proc.pid, round(time.monotonic() - started, 2))
-    finally:
-        stop_servers(server, timeout_s=60.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(["--served-model-name", "smollm2", *server_args], log_path=Path(tmp) / "server.log",
+                              timeout_s=300.0, poll_s=1.0)
+        try:
+            ready_s = round(time.monotonic() - started, 2)
+            if "--no-compile" not in server_args:
+                server.wait_for_compile()
+            setup = [line.split(" INFO ", 1)[-1][:600] for line in server.log().splitlines()
+                     if any(key in line for key in SETUP_LOG)]
+            yield Served(server.url, server.proc.pid, ready_s, round(time.monotonic() - started, 2), setup)
+        finally:
+            stop_servers(server, timeout_s=60.0)
 
 
 def run_load(bench_dir: Path, base_url: str, model: str, args: list[str], salt: str) -> dict:
@@ -133,6 +149,8 @@ def main() -> None:
     with served(a.server_args.split()) as server:
         base_url = server.base_url
         figures["ready_s"] = server.ready_s
+        figures["compiled_s"] = server.compiled_s
+        figures["setup"] = server.setup
         figures["rss_after_load_bytes"] = server.rss_bytes()
         for name in a.loads.split(","):
             runs = [run_load(bench_dir, base_url, "smollm2", LOADS[name], f"{time.time()}-{r}")

@@ -31,6 +31,8 @@ _PR_SET_PDEATHSIG = 1   # linux/prctl.h
 # Forks every server (see the module docstring); its thread lives until the interpreter exits.
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="server-spawner")
 _LIVE: set[subprocess.Popen] = set()
+COMPILE_READY = "compiled decode step ready"           # engine/compiled_decode.py's log lines
+COMPILE_UNAVAILABLE = "compiled decode step unavailable"
 _LIVE_LOCK = threading.Lock()
 
 
@@ -45,6 +47,20 @@ class ServerProcess:
     def log(self) -> str:
         """The server's output so far ("" when it is not logged)."""
         return self.log_path.read_text(errors="replace") if self.log_path is not None else ""
+
+    def wait_for_compile(self, timeout_s: float = 900.0) -> str:
+        """Block until the server logs the outcome of its background decode-step compile and
+        return that log line ("compiled decode step ready in N s ..." or "... unavailable ...").
+        Compiling takes the cores for a minute or more; requests meanwhile run eager and slowly.
+        Needs a logged server. Raises RuntimeError if the server exits or `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in self.log().splitlines():
+                if COMPILE_READY in line or COMPILE_UNAVAILABLE in line:
+                    return line
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"no compile outcome (exit {self.proc.poll()}):\n{self.log()[-4000:]}")
+            time.sleep(1.0)
 
 
 def free_port() -> int:

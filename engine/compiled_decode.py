@@ -15,7 +15,9 @@ specialise a size of 1 into a graph of its own, so a one-sequence decode is padd
 row (slot -1: its K/V land in the scratch block, its logits are dropped) and block tables are at
 least 2 wide: the warm-up compiles exactly one graph (the compile is most of the start-up cost:
 about a minute of CPU for SmolLM2's 30 layers) and then checks that 1 and 3 sequences run
-without compiling. The one-row padding costs next to nothing: a decode's projections and LM
+without compiling. A model whose projections switch weight copies at a row count (int4/int8 up to
+`crossover_rows`, bf16 past it) has one graph per side of each switch: the warm-up compiles them
+all (`warm_up_shapes`). The one-row padding costs next to nothing: a decode's projections and LM
 head stream the weights once whether they multiply 1 row or 2. Serving calls run under
 `torch.compiler.set_stance("fail_on_recompile")`: a call that would need a new graph raises
 `CompiledDecodeUnavailable` instead of stalling a step for tens of seconds, and the caller runs
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -99,6 +102,7 @@ class CompiledDecode:
         return thread
 
     def _warm_up_logged(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], scratch_block: int) -> None:
+        _lower_thread_priority()
         try:
             self.warm_up(kv_caches, scratch_block)
         except Exception as error:   # the eager path keeps serving; say why there is no fast path
@@ -118,10 +122,11 @@ class CompiledDecode:
             # dims one symbol and guard on their equality
             with (torch.inference_mode(), inductor_config.patch(freezing=self.freezing),
                   fx_config.patch(use_duck_shape=False)):
-                self._call(*_dummy_decode(*WARM_UP_SHAPE, scratch_block, kv_caches), allow_compile=True)
+                for shape in warm_up_shapes(self.model):
+                    self._call(*_dummy_decode(*shape, scratch_block, kv_caches), allow_compile=True)
             self._ready.set()
             with torch.inference_mode():
-                for shape in CHECK_SHAPES:
+                for shape in check_shapes(self.model):
                     self.run(*_dummy_decode(*shape, scratch_block, kv_caches))
         except BaseException as error:
             self._ready.clear()
@@ -132,8 +137,9 @@ class CompiledDecode:
         self._finished.set()
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-        logger.info("compiled decode step ready in %.1f s (one graph for every batch size, freezing=%s, "
-                    "inductor cache %s)", self.compile_seconds, self.freezing, cache_dir())
+        logger.info("compiled decode step ready in %.1f s (graphs for batch sizes from %s, freezing=%s, "
+                    "inductor cache %s)", self.compile_seconds, [n for n, _ in warm_up_shapes(self.model)],
+                    self.freezing, cache_dir())
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
@@ -173,6 +179,43 @@ class CompiledDecode:
             if "fail_on_recompile" not in str(error):
                 raise
             raise CompiledDecodeUnavailable(f"the compiled decode step would recompile: {error}") from error
+
+
+COMPILE_NICE = 19
+"""Niceness of the background compile thread (and of the C++ compilers it starts, which inherit it):
+while it compiles, the engine and API threads serve eagerly on the same cores and should win them."""
+
+
+def _lower_thread_priority() -> None:
+    """Give the calling thread (a Linux task of its own) the niceness COMPILE_NICE; where the
+    platform refuses, log it and go on at the normal priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    except (AttributeError, OSError) as error:
+        logger.info("compile thread keeps its priority: %s", error)
+
+
+def _row_crossovers(model: Any) -> list[int]:
+    """The distinct row counts at which the model's projections switch weight copies (their
+    `x.shape[0] <= crossover_rows` branch, engine/models/quantized_linear.py), at least
+    MIN_NUM_SEQS: each is a guard that splits the batch sizes between graphs."""
+    summary = getattr(model, "weight_summary", None)
+    rows = summary.crossover_rows.values() if summary is not None else ()
+    return sorted({r for r in rows if r >= MIN_NUM_SEQS})
+
+
+def warm_up_shapes(model: Any) -> list[tuple[int, int]]:
+    """(sequences, block-table width) to compile at warm-up: WARM_UP_SHAPE and, for each weight-copy
+    crossover c of the model, c + 1 sequences, so that every batch size has its graph before serving
+    (one graph per copy regime; one graph in all for a model with a single copy per projection)."""
+    return [WARM_UP_SHAPE, *((c + 1, WARM_UP_SHAPE[1]) for c in _row_crossovers(model))]
+
+
+def check_shapes(model: Any) -> list[tuple[int, int]]:
+    """Shapes run after the warm-up, each of which must not compile: CHECK_SHAPES and, per crossover
+    c, c sequences and c + 3 with other block-table widths."""
+    extra = [shape for c in _row_crossovers(model) for shape in ((c, 4), (c + 3, 2))]
+    return [*CHECK_SHAPES, *extra]
 
 
 def _pad_batch(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import httpx
 import jsonschema
 
-READY_LINE = "compiled decode step ready"
-READY_TIMEOUT_S = 900.0
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
           "required": ["city", "days"], "additionalProperties": False}
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
@@ -27,16 +24,8 @@ def _counter(server, name: str) -> float:
     return float(match.group(1))
 
 
-def _wait_compiled(server) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while READY_LINE not in server.log():
-        assert server.proc.poll() is None, server.log()[-4000:]
-        assert time.monotonic() < deadline, f"no {READY_LINE!r} in {READY_TIMEOUT_S} s:\n{server.log()[-4000:]}"
-        time.sleep(1.0)
-
-
 def test_compiled_step_serves_decodes_and_keeps_the_api_promises(server) -> None:
-    _wait_compiled(server)
+    assert "compiled decode step ready" in server.wait_for_compile(), server.log()[-4000:]
     client = server.client()
     before = _counter(server, "compiled_steps")
     messages = [{"role": "user", "content": "Name three colours of the rainbow."}]

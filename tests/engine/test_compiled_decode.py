@@ -149,3 +149,20 @@ def test_background_warm_up_while_eager_serves(compiled_tiny) -> None:
     before = engine.stats().compiled_steps
     assert run_all(engine, requests) == first == run_all(make_engine((model, arch)), requests)
     assert engine.stats().compiled_steps > before
+
+
+def test_warm_up_covers_each_side_of_every_weight_copy_crossover() -> None:
+    """A model whose projections switch from int4/int8 to bf16 copies past `crossover_rows` has a
+    graph on each side: the warm-up compiles a batch just past each crossover (seen in serving: a
+    warm-up of 2 sequences only left 9+ sequences to a recompile that turned the compiled step off)."""
+    from types import SimpleNamespace
+
+    from engine.compiled_decode import WARM_UP_SHAPE, check_shapes, warm_up_shapes
+
+    quantized = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 8, "head": 1}))
+    assert warm_up_shapes(quantized) == [WARM_UP_SHAPE, (9, WARM_UP_SHAPE[1])]
+    assert {n for n, _ in check_shapes(quantized)} >= {1, 3, 8, 11}
+    two = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 8, "head": 4}))
+    assert [n for n, _ in warm_up_shapes(two)] == [2, 5, 9]
+    dense = SimpleNamespace(weight_summary=None)
+    assert warm_up_shapes(dense) == [WARM_UP_SHAPE]
