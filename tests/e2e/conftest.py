@@ -62,8 +62,8 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeo
     `--num-threads` is `threads` when given (pass a share of the cores for servers that decode at
     the same time as another); None leaves the server's default, every core it may use.
     Servers run `--no-compile` unless `args` says `--compile`: compiling SmolLM2's decode step costs
-    a minute or more of both cores and is not cached across processes, so only the session's
-    shared `server` compiles it (once), and the tests that use it run on the compiled step.
+    minutes of both cores and is not cached across processes, so only test_compiled_e2e's server
+    compiles it, and waits for it (`wait_for_compile`) before sending anything.
     """
     port = free_port()
     thread_args = [] if threads is None else ["--num-threads", str(threads)]
@@ -82,10 +82,9 @@ def stop_server(*servers: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Iterator[Server]:
-    """One shared server for the e2e tests (SmolLM2, default flags: quantized weights, the decode
-    step compiled in the background)."""
-    srv = start_server(tmp_path_factory.mktemp("server"), "--compile")
-    srv.wait_for_compile()   # requests sent while it compiles would time the compiler, not the server
+    """One shared server for the e2e tests (SmolLM2, default flags: the GGUF's quantized weights;
+    eager, see start_server: tests/e2e/test_compiled_e2e.py has the compiled server)."""
+    srv = start_server(tmp_path_factory.mktemp("server"))
     yield srv
     stop_server(srv)
 

@@ -1,15 +1,20 @@
-"""The session's shared server on its compiled decode step: once the background compile is ready,
+"""A default server (the GGUF's quantized weights) on its compiled decode step: once the background
+compile is ready,
 decode steps run compiled (the /metrics counter moves) and answers stay what the API promises:
 stream equal to whole at temperature 0, json_schema answers that validate, forced tool calls whose
 arguments validate, n > 1 with a seed reproducible."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 
 import httpx
 import jsonschema
+import pytest
+
+from tests.e2e.conftest import start_server, stop_server
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
           "required": ["city", "days"], "additionalProperties": False}
@@ -24,8 +29,19 @@ def _counter(server, name: str) -> float:
     return float(match.group(1))
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Default flags and `--compile`, past its background compile (a graph on each side of the
+    int4/bf16 crossover)."""
+    srv = start_server(tmp_path_factory.mktemp("compiled"), "--compile")
+    try:
+        assert "compiled decode step ready" in srv.wait_for_compile(), srv.log()[-4000:]
+        yield srv
+    finally:
+        stop_server(srv)
+
+
 def test_compiled_step_serves_decodes_and_keeps_the_api_promises(server) -> None:
-    assert "compiled decode step ready" in server.wait_for_compile(), server.log()[-4000:]
     client = server.client()
     before = _counter(server, "compiled_steps")
     messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -36,6 +52,12 @@ def test_compiled_step_serves_decodes_and_keeps_the_api_promises(server) -> None
                        if chunk.choices)
     assert whole.choices[0].message.content and streamed == whole.choices[0].message.content
     assert _counter(server, "compiled_steps") > before + 10, "decode steps did not run compiled"
+    many = [{"role": "user", "content": f"Count from {i} to {i + 20}."} for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:   # past the crossover: the other graph
+        outs = list(pool.map(lambda m: client.chat.completions.create(model="smollm2", messages=[m],
+                                                                      temperature=0, max_tokens=24), many))
+    assert all(o.choices[0].message.content for o in outs)
+    assert "turned off" not in server.log(), server.log()[-4000:]
 
     answer = client.chat.completions.create(
         model="smollm2", temperature=0, max_tokens=64,
