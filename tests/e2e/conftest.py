@@ -82,21 +82,22 @@ def stop_server(*servers: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Iterator[Server]:
-    """One shared server for the e2e tests (SmolLM2, default flags: the GGUF's quantized weights;
-    eager, see start_server: tests/e2e/test_compiled_e2e.py has the compiled server)."""
-    srv = start_server(tmp_path_factory.mktemp("server"))
+    """One shared server for the e2e tests (SmolLM2 on the float32 path, `--quantization none`,
+    eager). Its tests compare answers at temperature 0 across requests that the engine batches
+    differently (stream vs whole, n=1 vs n=3, before vs after, alone vs together); on the default
+    weights a step of a few rows runs the int4/int8 copies and a larger one the bf16 copies, whose
+    rounding can flip a near-tied greedy token. The default weights and the compiled step are served
+    by tests/e2e/test_compiled_e2e.py's server."""
+    srv = start_server(tmp_path_factory.mktemp("server"), "--quantization", "none")
     yield srv
     stop_server(srv)
 
 
 @pytest.fixture(scope="session")
-def float_server(tmp_path_factory) -> Iterator[Server]:
-    """A server on the float32 weights (`--quantization none`), for tests that compare a request's
-    output across batch compositions: the default's int4/int8 copies serve steps of a few rows and
-    its bf16 copies larger ones, whose different rounding can flip a near-tied greedy token."""
-    srv = start_server(tmp_path_factory.mktemp("float_server"), "--quantization", "none")
-    yield srv
-    stop_server(srv)
+def float_server(server) -> Server:
+    """A server on the float32 weights (`--quantization none`) for tests that compare a request's
+    output across batch compositions: the shared `server` is one."""
+    return server
 
 
 @pytest.fixture(scope="session")
