@@ -94,13 +94,6 @@ def server(tmp_path_factory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def float_server(server) -> Server:
-    """A server on the float32 weights (`--quantization none`) for tests that compare a request's
-    output across batch compositions: the shared `server` is one."""
-    return server
-
-
-@pytest.fixture(scope="session")
 def batch(request, server):
     """The generation-heavy requests of the selected acceptance-case files (each test_cases_*.py
     defining `batch_jobs(server)`), sent to `server` together, once: a `cases_support.Batch`."""

@@ -91,8 +91,8 @@ def test_completions_endpoint_prompt_forms(server):
     assert sorted(c.index for c in many.choices) == [0, 1]
 
 
-def test_concurrent_streams_match_solo_greedy(float_server):
-    client = float_server.client()   # float32 weights: batching must not change greedy text
+def test_concurrent_streams_match_solo_greedy(server):
+    client = server.client()   # float32 weights (the shared server): batching must not change greedy text
     prompts = [[{"role": "user", "content": f"Write one sentence about the number {i}."}] for i in range(16)]
 
     def run(messages, stream):

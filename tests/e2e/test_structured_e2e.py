@@ -129,8 +129,8 @@ def test_parse_with_pydantic_model(server):
     assert isinstance(person, Person) and isinstance(person.age, int)
 
 
-def test_mixed_batch_matches_each_alone(float_server):
-    client = float_server.client()
+def test_mixed_batch_matches_each_alone(server):
+    client = server.client()
     plain_q = [{"role": "user", "content": "Tell me about rivers."}]
 
     def plain():
