@@ -37,7 +37,7 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     and error objects the routes really use (`api/http/openapi.py`).
 
     Opens the responses store (`server_config.responses_db`, a SQLite file or a PostgreSQL URI;
-    raises sqlite3.Error / psycopg.Error / OSError when it cannot) under a server id made now
+    raises StoreUnavailable when it cannot) under a server id made now
     (`app.state.responses.store.server_id`). The app does not own the engine: whoever started it
     shuts it down. While it serves, the lifespan runs the store's upkeep (expired leases,
     retention); at shutdown the app cancels its background responses and closes the store.

@@ -15,6 +15,7 @@ from pathlib import Path
 from api.cli.access import access_options_from_args, add_access_arguments
 from api.cli.duration import parse_duration
 from api.config import ServerConfig
+from api.responses.store import StoreUnavailable
 from api.cli.lora_flags import add_lora_arguments, lora_config_from_args
 from constrained import GrammarConfig
 from engine import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
@@ -280,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine_config, server_config = build_configs(args, dict(os.environ))
     except (ValueError, EngineError, LoraError) as exc:
         parser.error(str(exc))  # exits with status 2
-    serve(engine_config, server_config)
+    try:
+        serve(engine_config, server_config)
+    except StoreUnavailable as exc:
+        logger.error("%s", exc)
+        return 1
     return 0
 

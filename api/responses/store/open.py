@@ -9,8 +9,8 @@ _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 def open_store(location: str, identity: ServerIdentity, settings: StoreSettings) -> ResponsesStore:
     """A PostgreSQL store for a `postgresql://` (or `postgres://`) URI, else the SQLite file at
-    `location` (`:memory:` allowed). Raises what the backend raises when it cannot open
-    (psycopg.Error, sqlite3.Error, OSError)."""
+    `location` (`:memory:` allowed). Raises StoreUnavailable (with the backend's error as its
+    cause) when it cannot be opened."""
     if location.startswith(_POSTGRES_SCHEMES):
         from api.responses.store.postgres import PostgresResponsesStore  # psycopg only when used
 

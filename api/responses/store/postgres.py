@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import psycopg
 
+from api.responses.store.errors import StoreUnavailable
 from api.responses.store.interface import ServerIdentity, StoreSettings
 from api.responses.store.schema import CREATE_INDEXES, CREATE_TABLE
 from api.responses.store.sql_store import SqlResponsesStore
@@ -23,15 +24,19 @@ class PostgresResponsesStore(SqlResponsesStore):
     """The `responses` table in the PostgreSQL database at `url`."""
 
     def __init__(self, url: str, identity: ServerIdentity, settings: StoreSettings) -> None:
-        """Connect and create the table and its indexes if missing; raises psycopg.Error."""
+        """Connect and create the table and its indexes if missing; raises StoreUnavailable."""
         super().__init__(identity, settings, _NOW, "%s")
         self.url = url
-        self._conn = self._connect()
-        with self._conn.transaction():
-            self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-            self._conn.execute(CREATE_TABLE)
-            for statement in CREATE_INDEXES:
-                self._conn.execute(statement)
+        try:
+            self._conn = self._connect()
+            with self._conn.transaction():
+                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                self._conn.execute(CREATE_TABLE)
+                for statement in CREATE_INDEXES:
+                    self._conn.execute(statement)
+        except psycopg.Error as exc:
+            self._worker.shutdown()
+            raise StoreUnavailable(url, exc) from exc
 
     def _connect(self) -> psycopg.Connection:
         return psycopg.connect(self.url, autocommit=True, connect_timeout=10,

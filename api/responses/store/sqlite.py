@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from api.responses.store.errors import StoreUnavailable
 from api.responses.store.interface import ServerIdentity, StoreSettings
 from api.responses.store.schema import COLUMNS, CREATE_INDEXES, CREATE_TABLE
 from api.responses.store.sql_store import SqlResponsesStore
@@ -24,23 +25,31 @@ class SqliteResponsesStore(SqlResponsesStore):
 
     def __init__(self, path: str, identity: ServerIdentity, settings: StoreSettings) -> None:
         """Open (creating the file, its folder and the table, adding missing columns); raises
-        sqlite3.Error / OSError."""
+        StoreUnavailable."""
         super().__init__(identity, settings, _NOW, "?")
-        if path != MEMORY:
-            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA busy_timeout = 5000")
-        if path != MEMORY:
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-        self._conn.execute(CREATE_TABLE)
-        present = {row[1] for row in self._conn.execute("PRAGMA table_info(responses)")}
+        try:
+            self._conn = self._open()
+        except (OSError, sqlite3.Error) as exc:
+            self._worker.shutdown()
+            raise StoreUnavailable(path, exc) from exc
+
+    def _open(self) -> sqlite3.Connection:
+        if self.path != MEMORY:
+            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA busy_timeout = 5000")
+        if self.path != MEMORY:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(CREATE_TABLE)
+        present = {row[1] for row in conn.execute("PRAGMA table_info(responses)")}
         for name, column_type in COLUMNS:
             if name not in present:
-                self._conn.execute(f"ALTER TABLE responses ADD COLUMN {name} {column_type}")
+                conn.execute(f"ALTER TABLE responses ADD COLUMN {name} {column_type}")
         for statement in CREATE_INDEXES:
-            self._conn.execute(statement)
+            conn.execute(statement)
+        return conn
 
     def _connection(self) -> sqlite3.Connection:
         return self._conn

@@ -14,7 +14,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from api.responses.store import ResponsesStore, ServerIdentity, StoredResponse, StoreSettings, open_store
+from api.responses.store import (
+    ResponsesStore, ServerIdentity, StoredResponse, StoreSettings, StoreUnavailable, open_store,
+)
 
 pytestmark = pytest.mark.anyio
 StoreFactory = Callable[..., ResponsesStore]
@@ -221,6 +223,18 @@ async def test_a_file_of_the_earlier_schema_is_upgraded(tmp_path: Path) -> None:
         assert stored is not None and stored.status == "failed"
     finally:
         store.close()
+
+
+def test_a_store_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+    from benchmarks.server_process import free_port
+
+    url = f"postgresql://someone:secret@127.0.0.1:{free_port()}/nothing"   # nobody listens there
+    with pytest.raises(StoreUnavailable, match="cannot open the Responses store at postgresql://someone:\\*\\*\\*@") as info:
+        open_store(url, ServerIdentity.new("host:1"), StoreSettings())
+    assert "secret" not in str(info.value) and isinstance(info.value.__cause__, psycopg.OperationalError)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(StoreUnavailable, match="cannot open the Responses store at .*file/sub"):
+        open_store(str(tmp_path / "file" / "sub" / "r.sqlite3"), ServerIdentity.new("host:1"), StoreSettings())
 
 
 def test_settings_are_checked() -> None:
