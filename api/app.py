@@ -43,7 +43,9 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     retention); at shutdown the app cancels its background responses and closes the store.
     """
     settings = StoreSettings(retention_s=server_config.responses_retention_s)
-    store = open_store(server_config.responses_db, ServerIdentity.for_port(server_config.port), settings)
+    identity = (ServerIdentity.new(server_config.server_name) if server_config.server_name
+                else ServerIdentity.for_port(server_config.port))
+    store = open_store(server_config.responses_db, identity, settings)
     state = ResponsesState(store=store)
 
     @asynccontextmanager

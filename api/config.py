@@ -35,6 +35,9 @@ class ServerConfig:
         database several servers share). The CLI default is `data/responses.sqlite3`.
     responses_retention_s: stored responses older than this many seconds are removed; None keeps
         them. Raises ValueError when not positive.
+    server_name: the stable name under which this server owns background responses in the store
+        (`api/responses/store/interface.py` ServerIdentity); None means `<hostname>:<port>`.
+        Servers sharing a store and a host:port (replicas behind one endpoint) each need their own.
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     shutdown_grace_s: seconds running requests get to finish after SIGTERM before they are aborted
         (`api/http/shutdown.py`); raises ValueError when negative.
@@ -60,6 +63,7 @@ class ServerConfig:
     close_structured_outputs: bool = False
     responses_db: str = ":memory:"
     responses_retention_s: float | None = None
+    server_name: str | None = None
     allow_runtime_lora: bool = False
     shutdown_grace_s: float = 30.0
 

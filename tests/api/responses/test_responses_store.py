@@ -177,6 +177,23 @@ async def test_two_servers_on_one_file_cancel_and_delete_each_others_background_
         app_b.state.responses.store.close()
 
 
+async def test_the_lifespan_applies_the_retention_period(engine: FakeEngine, db_path: Path) -> None:
+    config = ServerConfig(responses_db=str(db_path), responses_retention_s=0.3, server_name="replica-1")
+    app = create_app(engine, config)
+    assert app.state.responses.store.server_id.startswith("replica-1/")
+    async with _client(app) as client:
+        old = await post(client, input="old")
+        await asyncio.sleep(0.4)
+        new = await post(client, input="new")
+        async with app.router.lifespan_context(app):   # its first upkeep round runs at start-up
+            for _ in range(100):
+                if (await client.get(f"/v1/responses/{old['id']}")).status_code == 404:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await client.get(f"/v1/responses/{old['id']}")).status_code == 404
+            assert (await client.get(f"/v1/responses/{new['id']}")).status_code == 200
+
+
 async def test_memory_store(engine: FakeEngine) -> None:
     async with _client(create_app(engine, ServerConfig(responses_db=":memory:"))) as client:
         created = await post(client, input="x")
