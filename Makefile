@@ -26,7 +26,7 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/structserve serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
 
-# The store tests start a throwaway PostgreSQL server (tests/postgres_server.py): install Debian's
+# The store tests start a throwaway PostgreSQL server (benchmarks/postgres_process.py): install Debian's
 # package when no PostgreSQL binaries are present (CI runs as root).
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v pg_config >/dev/null 2>&1 || \

@@ -171,9 +171,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A real PostgreSQL server on a free loopback port for the whole run (`tests/postgres_server.py`):
+    """A real PostgreSQL server on a free loopback port for the whole run (`benchmarks/postgres_process.py`):
     started on first use, stopped at the end, and killed with the run however it ends."""
-    from tests.postgres_server import start_postgres
+    from benchmarks.postgres_process import start_postgres
 
     server = start_postgres()
     yield server

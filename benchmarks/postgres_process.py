@@ -1,6 +1,7 @@
-"""A throwaway PostgreSQL server for the tests: `initdb` in a temporary folder, `postgres` on a
-free loopback port, dying with the test run (started through `benchmarks/server_process.spawn`,
-so PR_SET_PDEATHSIG sends it SIGINT, PostgreSQL's fast shutdown, even when pytest is killed).
+"""A throwaway PostgreSQL server for the tests (tests/conftest.py `postgres`) and benchmarks:
+`initdb` in a temporary folder, `postgres` on a free loopback port, dying with the process that
+started it (started through `benchmarks/server_process.spawn`, so PR_SET_PDEATHSIG sends it
+SIGINT, PostgreSQL's fast shutdown, even when pytest is killed).
 
 The binaries come from Debian's `postgresql` package (`/usr/lib/postgresql/<version>/bin`, which
 `make test` installs when missing) or from `pg_config --bindir`. PostgreSQL refuses to run as
