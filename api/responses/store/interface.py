@@ -81,9 +81,9 @@ class ResponsesStore(abc.ABC):
 
     @abc.abstractmethod
     async def put(self, row: StoredResponse) -> bool:
-        """Insert or update the row of `row.id`; an unfinished background row is owned by this
-        server with a fresh lease. False when nothing was written: the response was deleted,
-        already reached a terminal status, or is owned by another server."""
+        """Insert or update the row of `row.id`, owned by this server (an unfinished background
+        row with a fresh lease). False when nothing was written: the response was deleted, already
+        reached a terminal status, or is owned by another server."""
 
     @abc.abstractmethod
     async def get(self, response_id: str) -> StoredResponse | None:
@@ -102,8 +102,9 @@ class ResponsesStore(abc.ABC):
 
     @abc.abstractmethod
     async def owner_of(self, response_id: str) -> str | None:
-        """The server id that runs (or ran) the background response `response_id`; None for a
-        foreground or unknown one. A request router sends the response's requests there."""
+        """The server id that created `response_id` (and runs or ran it, for a background
+        response: the one server that can stop it); None when it is not stored. A request router
+        sends the response's requests there (its conversation's KV blocks are cached there too)."""
 
     @abc.abstractmethod
     async def request_cancel(self, response_id: str) -> StoredResponse | None:

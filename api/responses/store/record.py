@@ -16,8 +16,8 @@ TERMINAL_STATUSES = ("completed", "incomplete", "failed", "cancelled")
 class StoredResponse:
     """One row: the response object as JSON text and its input items as a JSON array text.
 
-    `owner` is the server id (`ServerIdentity.server_id`) that runs or ran a background response,
-    None for a foreground one; `cancel_requested` is True once some server was asked to cancel it.
+    `owner` is the server id (`ServerIdentity.server_id`) that created the response (and runs or
+    ran it); `cancel_requested` is True once some server was asked to cancel it (background only).
     Both are set by the store, never by a writer: `put` ignores them.
     """
 

@@ -19,7 +19,7 @@ COLUMNS = (
     ("previous_response_id", "TEXT"),
     ("response", "TEXT NOT NULL"),
     ("input_items", "TEXT NOT NULL"),
-    ("owner", "TEXT"),                # server id running a background response
+    ("owner", "TEXT"),                # server id that created (and runs) the response
     ("owner_name", "TEXT"),           # that server's stable name (host:port)
     ("lease_expires_at", "DOUBLE PRECISION"),
     ("cancel_requested", "INTEGER NOT NULL DEFAULT 0"),

@@ -61,10 +61,9 @@ class SqlResponsesStore(ResponsesStore):
 
     async def put(self, row: StoredResponse) -> bool:
         """See `ResponsesStore.put`."""
-        owner = self.server_id if row.background else None
         running = row.background and row.status in UNFINISHED_STATUSES
         values = (row.id, row.status, int(row.background), row.previous_response_id, row.response_json,
-                  row.input_items_json, owner, self.identity.name if owner else None,
+                  row.input_items_json, self.server_id, self.identity.name,
                   self.settings.lease_s if running else None)
         written = await self._run(lambda: self._execute(self._sql.put, values).rowcount > 0)
         if not written:

@@ -64,7 +64,7 @@ async def test_put_get_delete_and_delete_stays_deleted(open_server: StoreFactory
     assert await store.put(row("r1", text="hi"))
     found = await store.get("r1")
     assert found is not None and found.status == "completed" and found.output_items()[0]["content"][0]["text"] == "hi"
-    assert found.owner is None and found.cancel_requested is False and found.input_items()[0]["role"] == "user"
+    assert found.owner == store.server_id and found.cancel_requested is False and found.input_items()[0]["role"] == "user"
     assert await store.get("r_missing") is None
     assert await store.delete("r1") is True
     assert await store.get("r1") is None and await store.delete("r1") is False
@@ -94,7 +94,8 @@ async def test_owner_of_and_only_the_owner_writes(open_server: StoreFactory) -> 
     await a.put(row("bg", "queued", background=True))
     await a.put(row("fg", "completed"))
     assert await a.owner_of("bg") == a.server_id and await b.owner_of("bg") == a.server_id
-    assert await b.owner_of("fg") is None and await b.owner_of("nope") is None
+    assert await b.owner_of("fg") == a.server_id and await b.owner_of("nope") is None
+    assert await b.put(row("fg", "completed")) is False   # finished, and a's
     assert await b.put(row("bg", "completed", background=True)) is False   # not b's response
     assert await a.put(row("bg", "in_progress", background=True))
     assert await a.put(row("bg", "completed", background=True, text="done"))
