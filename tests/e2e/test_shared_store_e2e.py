@@ -57,4 +57,5 @@ def test_a_background_response_on_a_is_cancelled_through_b(servers):
     final = a.responses.retrieve(job.id)
     assert final.status == "cancelled" and (final.usage is None or final.usage.output_tokens < 1000)
     wait_for(lambda: metric(server_a, "num_requests_running") == 0, timeout_s=10)
+    assert f"response {job.id}: cancelled or deleted through the store" in server_a.log()   # A stopped it
     assert b.responses.cancel(job.id).status == "cancelled"   # cancelled is final, on both
