@@ -30,7 +30,8 @@ serve: $(STAMP)
 # package when no PostgreSQL binaries are present (CI runs as root).
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v pg_config >/dev/null 2>&1 || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql)
+		(apt-get update -qq && \
+		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql)
 
 test: $(STAMP) postgres
 	$(BIN)/lint-imports

@@ -89,7 +89,8 @@ def start_postgres(timeout_s: float = 60.0) -> PostgresServer:
     with open(folder / "initdb.log", "w") as log:
         spawn(initdb, log, dict(os.environ), cwd=folder, user=user).wait()
     port = free_port()
-    cmd = [str(bin_dir / "postgres"), "-D", str(data_dir), "-p", str(port), "-c", "listen_addresses=127.0.0.1",
+    cmd = [str(bin_dir / "postgres"), "-D", str(data_dir), "-p", str(port),
+           "-c", "listen_addresses=127.0.0.1",
            "-c", f"unix_socket_directories={folder}", "-c", "fsync=off", "-c", "synchronous_commit=off",
            "-c", "full_page_writes=off", "-c", "max_connections=50"]
     with open(log_path, "w") as log:

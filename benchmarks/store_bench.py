@@ -24,12 +24,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from api.responses.store import ResponsesStore, ServerIdentity, StoredResponse, StoreSettings, open_store  # noqa: E402
+from api.responses.store import (  # noqa: E402
+    ResponsesStore, ServerIdentity, StoredResponse, StoreSettings, open_store,
+)
 
 
 def _row(response_id: str, previous: str | None) -> StoredResponse:
-    response = {"id": response_id, "status": "completed",
-                "output": [{"type": "message", "content": [{"type": "output_text", "text": "an answer " * 20}]}]}
+    answer = {"type": "message", "content": [{"type": "output_text", "text": "an answer " * 20}]}
+    response = {"id": response_id, "status": "completed", "output": [answer]}
     items = [{"type": "message", "role": "user", "content": "a question " * 20}]
     return StoredResponse(response_id, "completed", False, previous, json.dumps(response), json.dumps(items))
 
@@ -58,7 +60,8 @@ async def bench(location: str, depths: list[int], rounds: int) -> dict[str, Any]
     """Figures for one store location."""
     store = open_store(location, ServerIdentity.new("bench:0"), StoreSettings())
     try:
-        put_ms = [await _timed_ms(lambda: store.put(_row(uuid.uuid4().hex, None)), 200) for _ in range(rounds)]
+        put_ms = [await _timed_ms(lambda: store.put(_row(uuid.uuid4().hex, None)), 200)
+                  for _ in range(rounds)]
         get_ms = [await _timed_ms(lambda: store.get("missing"), 200) for _ in range(rounds)]
         figures: dict[str, Any] = {"put_ms": statistics.median(put_ms), "get_ms": statistics.median(get_ms)}
         for depth in depths:
@@ -82,7 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--postgres", default=None, help="a PostgreSQL URI (default: start a throwaway server)")
+    parser.add_argument("--postgres", default=None,
+                        help="a PostgreSQL URI (default: start a throwaway server)")
     args = parser.parse_args()
     server = None
     url = args.postgres
@@ -93,7 +97,8 @@ def main() -> None:
         url = server.new_database("store_bench")
     try:
         with tempfile.TemporaryDirectory() as folder:
-            results = {"sqlite": asyncio.run(bench(str(Path(folder) / "bench.sqlite3"), args.depths, args.rounds)),
+            sqlite_path = str(Path(folder) / "bench.sqlite3")
+            results = {"sqlite": asyncio.run(bench(sqlite_path, args.depths, args.rounds)),
                        "postgres": asyncio.run(bench(url, args.depths, args.rounds))}
     finally:
         if server is not None:

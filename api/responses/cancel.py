@@ -20,7 +20,9 @@ from api.responses.store import StoredResponse
 _POLL_S = 0.05
 
 
-async def cancel_background(state: ResponsesState, stored: StoredResponse, wait_s: float) -> StoredResponse | None:
+async def cancel_background(
+    state: ResponsesState, stored: StoredResponse, wait_s: float
+) -> StoredResponse | None:
     """Cancel the background response `stored` (see the module docstring) and return its row
     afterwards (None when it was deleted meanwhile). A finished response is returned unchanged."""
     if stored.is_finished:

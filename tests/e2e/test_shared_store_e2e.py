@@ -43,7 +43,8 @@ def test_servers_read_continue_and_delete_each_others_responses(servers):
             with pytest.raises(openai.NotFoundError):
                 client.responses.retrieve(response_id)
         with pytest.raises(openai.NotFoundError):
-            client.responses.create(model=MODEL, input="x", previous_response_id=second.id, max_output_tokens=4)
+            client.responses.create(model=MODEL, input="x", previous_response_id=second.id,
+                                    max_output_tokens=4)
 
 
 def test_a_background_response_on_a_is_cancelled_through_b(servers):

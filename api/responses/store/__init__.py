@@ -7,6 +7,6 @@ from api.responses.store.open import open_store
 from api.responses.store.record import TERMINAL_STATUSES, UNFINISHED_STATUSES, StoredResponse
 
 __all__ = [
-    "ResponsesStore", "ServerIdentity", "StoreSettings", "StoredResponse", "StoreUnavailable", "TERMINAL_STATUSES",
-    "UNFINISHED_STATUSES", "open_store",
+    "ResponsesStore", "ServerIdentity", "StoreSettings", "StoredResponse", "StoreUnavailable",
+    "TERMINAL_STATUSES", "UNFINISHED_STATUSES", "open_store",
 ]

@@ -79,9 +79,13 @@ class Statements:
         "OR (owner_name = ? AND owner <> ? AND lease_expires_at <= {now}) "
         "OR lease_expires_at <= {now} - ?)"
     )
-    lease_expired: str = f"{_UNFINISHED} AND id = ? AND (lease_expires_at IS NULL OR lease_expires_at <= {{now}})"
+    lease_expired: str = (
+        f"{_UNFINISHED} AND id = ? AND (lease_expires_at IS NULL OR lease_expires_at <= {{now}})"
+    )
     select_where: str = "SELECT id, response FROM responses WHERE {where}"
-    end: str = "UPDATE responses SET status = ?, response = ?, lease_expires_at = NULL WHERE id = ? AND {where}"
+    end: str = (
+        "UPDATE responses SET status = ?, response = ?, lease_expires_at = NULL WHERE id = ? AND {where}"
+    )
     release: str = f"UPDATE responses SET lease_expires_at = {{now}} WHERE owner = ? AND {_UNFINISHED}"
     remove_expired: str = (
         "DELETE FROM responses WHERE created_at < {now} - ? "

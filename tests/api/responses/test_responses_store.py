@@ -153,7 +153,8 @@ async def test_two_servers_on_one_file_cancel_and_delete_each_others_background_
     through B (A's lease watcher picks up the flag and aborts its engine request), another is
     deleted through B and stays deleted."""
     engine.step_delay_s = 0.05
-    app_a, app_b = create_app(engine, server_config), create_app(FakeEngine(max_model_len=8192), server_config)
+    app_a = create_app(engine, server_config)
+    app_b = create_app(FakeEngine(max_model_len=8192), server_config)
     try:
         async with _client(app_a) as a, _client(app_b) as b:
             first = await post(a, input="x", background=True)

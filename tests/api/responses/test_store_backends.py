@@ -63,8 +63,9 @@ async def test_put_get_delete_and_delete_stays_deleted(open_server: StoreFactory
     store = open_server()
     assert await store.put(row("r1", text="hi"))
     found = await store.get("r1")
-    assert found is not None and found.status == "completed" and found.output_items()[0]["content"][0]["text"] == "hi"
-    assert found.owner == store.server_id and found.cancel_requested is False and found.input_items()[0]["role"] == "user"
+    assert found is not None and found.status == "completed"
+    assert found.output_items()[0]["content"][0]["text"] == "hi" and found.input_items()[0]["role"] == "user"
+    assert found.owner == store.server_id and found.cancel_requested is False
     assert await store.get("r_missing") is None
     assert await store.delete("r1") is True
     assert await store.get("r1") is None and await store.delete("r1") is False
@@ -72,7 +73,7 @@ async def test_put_get_delete_and_delete_stays_deleted(open_server: StoreFactory
     assert await store.get("r1") is None and await store.history("r1") is None
 
 
-async def test_history_is_the_chain_oldest_first_and_ends_at_a_deleted_ancestor(open_server: StoreFactory) -> None:
+async def test_history_is_the_chain_oldest_first_to_a_deleted_ancestor(open_server: StoreFactory) -> None:
     store = open_server()
     for i in range(1, 4):
         await store.put(row(f"r{i}", previous=f"r{i - 1}" if i > 1 else None, text=f"answer {i}"))
@@ -85,7 +86,8 @@ async def test_history_is_the_chain_oldest_first_and_ends_at_a_deleted_ancestor(
     assert await store.history("r_missing") is None
     for i in range(4, 400):   # a long chain is still one query
         await store.put(row(f"r{i}", previous=f"r{i - 1}"))
-    assert len(await store.history("r399") or []) == 2 * 2 + 396   # r2, r3: question + answer; r4..r399: a question each
+    # r2 and r3: a question and an answer each; r4..r399: a question each
+    assert len(await store.history("r399") or []) == 2 * 2 + 396
 
 
 async def test_owner_of_and_only_the_owner_writes(open_server: StoreFactory) -> None:
@@ -158,7 +160,7 @@ async def test_cancel_flag_reaches_the_owner(open_server: StoreFactory) -> None:
     assert await b.request_cancel("nope") is None
 
 
-async def test_cancel_of_an_expired_lease_is_stored_by_the_cancelling_server(open_server: StoreFactory) -> None:
+async def test_cancel_of_an_expired_lease_is_stored_by_the_canceller(open_server: StoreFactory) -> None:
     a, b = open_server("host:1", lease_s=0.1), open_server("host:2")
     await a.put(row("bg", "in_progress", background=True))
     await asyncio.sleep(0.2)
@@ -168,7 +170,7 @@ async def test_cancel_of_an_expired_lease_is_stored_by_the_cancelling_server(ope
     assert await a.put(row("bg", "completed", background=True)) is False
 
 
-async def test_delete_from_another_server_stops_the_owner_and_stays_deleted(open_server: StoreFactory) -> None:
+async def test_delete_elsewhere_stops_the_owner_and_stays_deleted(open_server: StoreFactory) -> None:
     a, b = open_server("host:1"), open_server("host:2")
     await a.put(row("bg", "in_progress", background=True))
     assert await b.delete("bg") is True
@@ -212,8 +214,9 @@ async def test_concurrent_writers_on_two_connections_lose_nothing(open_server: S
 async def test_a_file_of_the_earlier_schema_is_upgraded(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, status TEXT NOT NULL, background INTEGER NOT NULL, "
-                 "previous_response_id TEXT, response TEXT NOT NULL, input_items TEXT NOT NULL)")
+    conn.execute("CREATE TABLE responses (id TEXT PRIMARY KEY, status TEXT NOT NULL, "
+                 "background INTEGER NOT NULL, previous_response_id TEXT, response TEXT NOT NULL, "
+                 "input_items TEXT NOT NULL)")
     conn.execute("INSERT INTO responses VALUES ('q', 'queued', 1, NULL, '{\"status\": \"queued\"}', '[]')")
     conn.commit()
     conn.close()
@@ -230,12 +233,13 @@ def test_a_store_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
     from benchmarks.server_process import free_port
 
     url = f"postgresql://someone:secret@127.0.0.1:{free_port()}/nothing"   # nobody listens there
-    with pytest.raises(StoreUnavailable, match="cannot open the Responses store at postgresql://someone:\\*\\*\\*@") as info:
+    masked = "cannot open the Responses store at postgresql://someone:\\*\\*\\*@"
+    with pytest.raises(StoreUnavailable, match=masked) as info:
         open_store(url, ServerIdentity.new("host:1"), StoreSettings())
     assert "secret" not in str(info.value) and isinstance(info.value.__cause__, psycopg.OperationalError)
     (tmp_path / "file").write_text("")
     with pytest.raises(StoreUnavailable, match="cannot open the Responses store at .*file/sub"):
-        open_store(str(tmp_path / "file" / "sub" / "r.sqlite3"), ServerIdentity.new("host:1"), StoreSettings())
+        open_store(str(tmp_path / "file" / "sub" / "r.sqlite3"), ServerIdentity.new("h:1"), StoreSettings())
 
 
 def test_settings_are_checked() -> None:
