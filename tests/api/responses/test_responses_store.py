@@ -18,6 +18,7 @@ from responses_support import GET_WEATHER, call_text, play, prompt_of
 from api.app import create_app
 from api.cli.serve import build_configs, build_parser
 from api.config import ServerConfig
+from api.responses.cancel import cancel_background
 
 pytestmark = pytest.mark.anyio
 
@@ -153,6 +154,7 @@ async def test_two_servers_on_one_file_cancel_and_delete_each_others_background_
     through B (A's lease watcher picks up the flag and aborts its engine request), another is
     deleted through B and stays deleted."""
     engine.step_delay_s = 0.05
+    engine.script = "x" * 200   # 10 s of generation: both are still running when B acts
     app_a = create_app(engine, server_config)
     app_b = create_app(FakeEngine(max_model_len=8192), server_config)
     try:
@@ -173,6 +175,31 @@ async def test_two_servers_on_one_file_cancel_and_delete_each_others_background_
             assert app_a.state.responses.background.num_running == 0
             for client in (a, b):
                 assert (await client.get(f"/v1/responses/{second['id']}")).status_code == 404
+    finally:
+        app_a.state.responses.store.close()
+        app_b.state.responses.store.close()
+
+
+async def test_a_cancel_the_owner_has_not_read_yet_is_answered_as_it_stands(
+    engine: FakeEngine, server_config: ServerConfig
+) -> None:
+    """B cancels A's response while A's lease watcher sleeps: after waiting, B answers with the
+    stored status (still in progress, the cancel request recorded), and A then cancels it."""
+    engine.step_delay_s = 0.05
+    engine.script = "x" * 200
+    app_a = create_app(engine, server_config)
+    app_b = create_app(FakeEngine(max_model_len=8192), server_config)
+    app_a.state.responses.background.poll_s = 1.0
+    try:
+        async with _client(app_a) as a, _client(app_b) as b:
+            job = await post(a, input="x", background=True, max_output_tokens=200)
+            await _poll_until(b, job["id"], {"in_progress"})
+            state_b = app_b.state.responses
+            stored = await state_b.store.get(job["id"])
+            answered = await cancel_background(state_b, stored, wait_s=0.2)
+            assert answered is not None and answered.status == "in_progress" and answered.cancel_requested
+            assert (await _poll_until(b, job["id"], {"cancelled"}))[-1] == "cancelled"
+            assert engine.aborted == [job["id"]]
     finally:
         app_a.state.responses.store.close()
         app_b.state.responses.store.close()
