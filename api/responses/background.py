@@ -53,6 +53,7 @@ class BackgroundResponses:
     async def _watch(self) -> None:
         """Renew the leases of the running tasks and cancel those the store says must stop, until
         no task runs (`start` begins a new watcher then)."""
+        stopped: set[asyncio.Task[None]] = set()   # cancelled already, still storing "cancelled"
         try:
             while self._tasks:
                 await asyncio.sleep(self.poll_s)
@@ -63,9 +64,11 @@ class BackgroundResponses:
                     continue
                 for response_id in stop:
                     task = self._tasks.get(response_id)
-                    if task is not None:
+                    if task is not None and task not in stopped:
                         logger.info("response %s: cancelled or deleted through the store", response_id)
+                        stopped.add(task)
                         task.cancel()
+                stopped = {task for task in stopped if not task.done()}
         finally:
             self._watcher = None
 
