@@ -8,7 +8,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 ARGS ?=
 
-.PHONY: serve test bench install clean
+.PHONY: serve test bench install clean postgres
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,7 +26,14 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/structserve serve $(MODEL) --host $(HOST) --port $(PORT) $(ARGS)
 
-test: $(STAMP)
+# The store tests start a throwaway PostgreSQL server (benchmarks/postgres_process.py): install Debian's
+# package when no PostgreSQL binaries are present (CI runs as root).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v pg_config >/dev/null 2>&1 || \
+		(apt-get update -qq && \
+		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql)
+
+test: $(STAMP) postgres
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q --durations=20 -p no:cacheprovider tests
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,7 +18,7 @@ from api.http.middleware import RequestIdMiddleware
 from api.http.openapi import install_openapi
 from api.observability.request_log import RequestLogMiddleware
 from api.responses.state import ResponsesState
-from api.responses.store import ResponsesStore
+from api.responses.store import ServerIdentity, StoreSettings, open_store
 from api.admin import health, lora, metrics, models, tokenize
 from api.chat import router as chat
 from api.completions import router as completions
@@ -35,17 +36,25 @@ def create_app(engine: EngineClient, server_config: ServerConfig) -> FastAPI:
     CORS only when `server_config.allowed_origins` is set; /openapi.json with the request bodies
     and error objects the routes really use (`api/http/openapi.py`).
 
-    Opens the responses store (`server_config.responses_db`; raises sqlite3.Error / OSError when it
-    cannot). The app does not own the engine: whoever started it shuts it down. At shutdown the
-    app cancels its background responses and closes the store.
+    Opens the responses store (`server_config.responses_db`, a SQLite file or a PostgreSQL URI;
+    raises StoreUnavailable when it cannot) under a server id made now
+    (`app.state.responses.store.server_id`). The app does not own the engine: whoever started it
+    shuts it down. While it serves, the lifespan runs the store's upkeep (expired leases,
+    retention); at shutdown the app cancels its background responses and closes the store.
     """
-    state = ResponsesState(store=ResponsesStore(server_config.responses_db))
+    settings = StoreSettings(retention_s=server_config.responses_retention_s)
+    identity = (ServerIdentity.new(server_config.server_name) if server_config.server_name
+                else ServerIdentity.for_port(server_config.port))
+    store = open_store(server_config.responses_db, identity, settings)
+    state = ResponsesState(store=store)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        upkeep = asyncio.create_task(state.maintain(), name="responses store upkeep")
         try:
             yield
         finally:
+            upkeep.cancel()
             await state.close()
 
     app = FastAPI(title="structserve", docs_url=None, redoc_url=None, lifespan=lifespan)

@@ -30,8 +30,14 @@ class ServerConfig:
         every call returned validates; False lets max_tokens cut it (the cut call is dropped).
     close_structured_outputs: the same for `response_format` / `structured_outputs` outputs; off by
         default, since OpenAI returns the cut text with finish_reason "length".
-    responses_db: SQLite file of stored /v1/responses objects (its folder is created); ":memory:"
-        keeps them for the life of the process. The CLI default is `data/responses.sqlite3`.
+    responses_db: where stored /v1/responses objects live: a SQLite file (its folder is created;
+        ":memory:" keeps them for the life of the process) or a `postgresql://` URI (a PostgreSQL
+        database several servers share). The CLI default is `data/responses.sqlite3`.
+    responses_retention_s: stored responses older than this many seconds are removed; None keeps
+        them. Raises ValueError when not positive.
+    server_name: the stable name under which this server owns background responses in the store
+        (`api/responses/store/interface.py` ServerIdentity); None means `<hostname>:<port>`.
+        Servers sharing a store and a host:port (replicas behind one endpoint) each need their own.
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     shutdown_grace_s: seconds running requests get to finish after SIGTERM before they are aborted
         (`api/http/shutdown.py`); raises ValueError when negative.
@@ -56,10 +62,14 @@ class ServerConfig:
     close_tool_calls: bool = True
     close_structured_outputs: bool = False
     responses_db: str = ":memory:"
+    responses_retention_s: float | None = None
+    server_name: str | None = None
     allow_runtime_lora: bool = False
     shutdown_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
+        if self.responses_retention_s is not None and self.responses_retention_s <= 0:
+            raise ValueError(f"--responses-retention must be positive, not {self.responses_retention_s:g} s")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"--shutdown-grace must be >= 0, not {self.shutdown_grace_s:g}")
         if self.protect_metrics and not self.api_key:

@@ -116,20 +116,37 @@ def stop_servers(*servers: ServerProcess, timeout_s: float = 30.0) -> None:
         _forget(server.proc)
 
 
-def _spawn(cmd: list[str], log: object, env: dict[str, str]) -> subprocess.Popen:
+def spawn(cmd: list[str], log: object, env: dict[str, str], cwd: Path = ROOT,
+          death_signal: int = signal.SIGTERM, user: str | None = None) -> subprocess.Popen:
+    """Start `cmd` (output to the file object `log`) so that it gets `death_signal` when this
+    process ends, however it ends (see the module docstring), running as `user` when given (the
+    caller must be root; e.g. PostgreSQL refuses to run as root). Stopped at exit if still running."""
+    return _SPAWNER.submit(_spawn, cmd, log, env, cwd, death_signal, user).result()
+
+
+def _spawn(cmd: list[str], log: object, env: dict[str, str], cwd: Path = ROOT,
+           death_signal: int = signal.SIGTERM, user: str | None = None) -> subprocess.Popen:
     parent = os.getpid()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            preexec_fn=lambda: _die_with_parent(parent))
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            preexec_fn=lambda: _die_with_parent(parent, death_signal, user))
     with _LIVE_LOCK:
         _LIVE.add(proc)
     return proc
 
 
-def _die_with_parent(parent: int) -> None:
-    """In the child before exec: SIGTERM when the forking thread's process ends; exit at once
-    if it has already ended (it did between fork and this call)."""
+def _die_with_parent(parent: int, death_signal: int = signal.SIGTERM, user: str | None = None) -> None:
+    """In the child before exec: become `user` if given (before the death signal: changing
+    credentials clears it), ask for `death_signal` when the forking thread's process ends; exit at
+    once if it has already ended (it did between fork and this call)."""
+    if user is not None:
+        import pwd
+
+        entry = pwd.getpwnam(user)
+        os.initgroups(user, entry.pw_gid)
+        os.setgid(entry.pw_gid)
+        os.setuid(entry.pw_uid)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
 

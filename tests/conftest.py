@@ -167,3 +167,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on a free loopback port for the whole run (`benchmarks/postgres_process.py`):
+    started on first use, stopped at the end, and killed with the run however it ends."""
+    from benchmarks.postgres_process import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.stop()

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from api.cli.access import access_options_from_args, add_access_arguments
+from api.cli.duration import parse_duration
 from api.config import ServerConfig
+from api.responses.store import StoreUnavailable
 from api.cli.lora_flags import add_lora_arguments, lora_config_from_args
 from constrained import GrammarConfig
 from engine import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
@@ -148,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--responses-db",
         default=DEFAULT_RESPONSES_DB,
-        help='SQLite file storing /v1/responses (created with its folder); ":memory:" keeps them in memory',
+        help='where /v1/responses are stored: a SQLite file (created with its folder; ":memory:" keeps '
+             'them in memory) or postgresql://user@host:port/db, a PostgreSQL database several servers share',
+    )
+    serve.add_argument(
+        "--responses-retention", type=parse_duration, default=None,
+        help="remove stored responses older than this (seconds, or 30m, 12h, 7d); default: keep them",
     )
     serve.add_argument("--num-threads", type=int, default=None,
                        help="torch CPU threads (default: every core this process may use)")
@@ -238,6 +245,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         close_tool_calls=args.close_tool_calls,
         close_structured_outputs=args.close_structured_outputs,
         responses_db=args.responses_db,
+        responses_retention_s=args.responses_retention,
         allow_runtime_lora=args.allow_runtime_lora,
         **access_options_from_args(args),
         shutdown_grace_s=args.shutdown_grace,
@@ -273,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine_config, server_config = build_configs(args, dict(os.environ))
     except (ValueError, EngineError, LoraError) as exc:
         parser.error(str(exc))  # exits with status 2
-    serve(engine_config, server_config)
+    try:
+        serve(engine_config, server_config)
+    except StoreUnavailable as exc:
+        logger.error("%s", exc)
+        return 1
     return 0
 

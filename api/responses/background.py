@@ -3,6 +3,10 @@
 Statuses as stored: queued (accepted) -> in_progress (the engine produced its first output) ->
 completed / incomplete / failed, or cancelled (POST .../cancel, or server shutdown). Cancelling
 the task closes its engine stream, which aborts the request in the engine and frees its blocks.
+
+While any task runs, a watcher renews their leases in the store every `poll_s` seconds and
+cancels the tasks whose rows ask it to stop: a cancel or delete sent to another server sharing
+the store reaches the owner that way (`ResponsesStore.renew_leases`).
 """
 
 from __future__ import annotations
@@ -19,22 +23,54 @@ from api.streaming.engine_stream import EngineStream, StreamGroup
 from api.responses.run import ResponseRun
 from api.responses.stream import whole_response
 from api.observability.stream_tracker import StreamTracker
+from api.responses.store import ResponsesStore
 from engine import EngineRequest
 
 logger = logging.getLogger(__name__)
 
 
 class BackgroundResponses:
-    """The running background responses of one app, by response id."""
+    """The running background responses of one app, by response id, and their lease watcher.
 
-    def __init__(self) -> None:
+    `poll_s`: seconds between lease renewals (None: a quarter of the store's lease, at most 0.25 s),
+    which bounds how late a cancel sent to another server takes effect here.
+    """
+
+    def __init__(self, store: ResponsesStore, poll_s: float | None = None) -> None:
+        self._store = store
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.poll_s = poll_s if poll_s is not None else min(0.25, store.settings.lease_s / 4)
+        self._watcher: asyncio.Task[None] | None = None
 
     def start(self, response_id: str, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` in a task registered under `response_id` until it ends."""
         task = asyncio.create_task(work, name=f"response {response_id}")
         self._tasks[response_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(response_id, None))
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(), name="background response leases")
+
+    async def _watch(self) -> None:
+        """Renew the leases of the running tasks and cancel those the store says must stop, until
+        no task runs (`start` begins a new watcher then)."""
+        stopped: set[asyncio.Task[None]] = set()   # cancelled already, still storing "cancelled"
+        try:
+            while self._tasks:
+                await asyncio.sleep(self.poll_s)
+                try:
+                    stop = await self._store.renew_leases(list(self._tasks))
+                except Exception as exc:  # noqa: BLE001 - a store outage: try again next round
+                    logger.warning("renewing background response leases failed: %s", exc)
+                    continue
+                for response_id in stop:
+                    task = self._tasks.get(response_id)
+                    if task is not None and task not in stopped:
+                        logger.info("response %s: cancelled or deleted through the store", response_id)
+                        stopped.add(task)
+                        task.cancel()
+                stopped = {task for task in stopped if not task.done()}
+        finally:
+            self._watcher = None
 
     @property
     def num_running(self) -> int:
@@ -60,6 +96,8 @@ class BackgroundResponses:
     async def shutdown(self) -> None:
         """Cancel every running task and wait for them."""
         tasks = list(self._tasks.values())
+        if self._watcher is not None:
+            self._watcher.cancel()
         for task in tasks:
             task.cancel()
         if tasks:

@@ -23,6 +23,7 @@ from api.responses.protocol.objects import InputItemList, ResponseDeleted
 from api.responses.protocol.request import ResponsesRequest
 from api.http.body import read_body
 from api.responses.background import run_in_background
+from api.responses.cancel import cancel_background
 from api.responses.translate import translate
 from api.responses.run import ResponseRun, initial_response, items_json
 from api.responses.state import Responses
@@ -96,7 +97,8 @@ async def retrieve_response(response_id: str, responses: Responses) -> Response:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, responses: Responses) -> ResponseDeleted:
-    """Delete a stored response (a running background one is cancelled first)."""
+    """Delete a stored response for good (a background one running here is cancelled first; one
+    running on another server sharing the store is stopped by its owner at its next lease poll)."""
     await responses.background.cancel(response_id)
     if not await responses.store.delete(response_id):
         raise _not_found(response_id)
@@ -105,15 +107,17 @@ async def delete_response(response_id: str, responses: Responses) -> ResponseDel
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, responses: Responses) -> Response:
-    """Cancel a background response; a finished one is returned unchanged."""
+    """Cancel a background response, wherever it runs (`api/responses/cancel.py`); a finished one
+    is returned unchanged."""
     stored = await _stored(responses, response_id)
     if not stored.background:
         raise InvalidRequest(
             "Only responses created with background: true can be cancelled.", param="response_id"
         )
-    if await responses.background.cancel(response_id):
-        stored = await _stored(responses, response_id)
-    return Response(stored.response_json, media_type=_JSON)
+    cancelled = await cancel_background(responses, stored, wait_s=responses.store.settings.lease_s)
+    if cancelled is None:
+        raise _not_found(response_id)
+    return Response(cancelled.response_json, media_type=_JSON)
 
 
 @router.get("/v1/responses/{response_id}/input_items")

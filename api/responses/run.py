@@ -23,13 +23,10 @@ from api.responses.protocol.objects import (
     StoredInputItem,
 )
 from api.responses.protocol.request import ResponsesRequest
-from api.responses.store import ResponsesStore, StoredResponse
+from api.responses.store import TERMINAL_STATUSES, ResponsesStore, StoredResponse
 from api.generation.reader import ToolCallObserver
 from api.generation.constraints import ToolCalling
 from engine import RequestOutput
-
-TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
-
 
 def initial_response(body: ResponsesRequest, response_id: str, model: str) -> ResponseObject:
     """The response object of `body` before any output (status "in_progress")."""
@@ -112,11 +109,12 @@ class ResponseRun:
         failed = self.snapshot("failed", output, usage_of(last))
         return failed.model_copy(update={"error": ResponseError(message=message)})
 
-    async def save(self, response: ResponseObject) -> None:
-        """Write `response` (with the input items) to the store, unless the request has `store` false."""
+    async def save(self, response: ResponseObject) -> bool:
+        """Write `response` (with the input items) to the store, unless the request has `store`
+        false. False when the store refused it (the response was deleted or already finished)."""
         if self.store is None:
-            return
-        await self.store.put(
+            return False
+        return await self.store.put(
             StoredResponse(
                 id=response.id,
                 status=response.status,

@@ -1,10 +1,11 @@
-"""Stored responses: retrieve, delete, input_items paging, previous_response_id chains, restarts
-(a new app on the same SQLite file), concurrent writers, and background responses."""
+"""Stored responses through the API: retrieve, delete, input_items paging, previous_response_id
+chains, restarts (a new app on the same SQLite file), concurrent writers, background responses, and
+two servers (apps) on one file cancelling and deleting each other's background responses. The
+store itself, on both backends: test_store_backends.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from responses_support import GET_WEATHER, call_text, play, prompt_of
 from api.app import create_app
 from api.cli.serve import build_configs, build_parser
 from api.config import ServerConfig
-from api.responses.store import ResponsesStore, StoredResponse
+from api.responses.cancel import cancel_background
 
 pytestmark = pytest.mark.anyio
 
@@ -140,29 +141,85 @@ async def test_restart_keeps_stored_responses(engine: FakeEngine, server_config:
     assert "remember me" in prompt_of(second_engine)
 
 
-async def test_concurrent_writers_lose_nothing(client: httpx.AsyncClient, db_path: Path) -> None:
+async def test_concurrent_requests_lose_nothing(client: httpx.AsyncClient) -> None:
     created = await asyncio.gather(*(post(client, input=f"q{i}") for i in range(24)))
     for response in created:
         assert (await client.get(f"/v1/responses/{response['id']}")).status_code == 200
-    store = ResponsesStore(str(db_path))  # a second connection, as another process would open it
-    rows = [
-        StoredResponse(f"resp_{i}", "completed", False, None, json.dumps({"id": i}), "[]") for i in range(200)
-    ]
-    await asyncio.gather(*(store.put(row) for row in rows))
-    assert all([await store.get(row.id) is not None for row in rows])
-    store.close()
 
 
-async def test_unfinished_rows_are_failed_on_open(db_path: Path) -> None:
-    store = ResponsesStore(str(db_path))
-    await store.put(
-        StoredResponse("resp_q", "queued", True, None, json.dumps({"id": "resp_q", "status": "queued"}), "[]")
-    )
-    store.close()
-    reopened = ResponsesStore(str(db_path))
-    row = await reopened.get("resp_q")
-    assert row is not None and row.status == "failed" and json.loads(row.response_json)["status"] == "failed"
-    reopened.close()
+async def test_two_servers_on_one_file_cancel_and_delete_each_others_background_responses(
+    engine: FakeEngine, server_config: ServerConfig
+) -> None:
+    """Two apps (two servers) on one SQLite file: a background response that A runs is cancelled
+    through B (A's lease watcher picks up the flag and aborts its engine request), another is
+    deleted through B and stays deleted."""
+    engine.step_delay_s = 0.05
+    engine.script = "x" * 200   # 10 s of generation: both are still running when B acts
+    app_a = create_app(engine, server_config)
+    app_b = create_app(FakeEngine(max_model_len=8192), server_config)
+    try:
+        async with _client(app_a) as a, _client(app_b) as b:
+            first = await post(a, input="x", background=True)
+            second = await post(a, input="y", background=True)
+            await _poll_until(b, first["id"], {"in_progress"})
+            assert app_a.state.responses.store.server_id != app_b.state.responses.store.server_id
+            r = await b.post(f"/v1/responses/{first['id']}/cancel")
+            assert r.status_code == 200 and r.json()["status"] == "cancelled", r.text
+            assert engine.aborted == [first["id"]]
+            assert (await b.delete(f"/v1/responses/{second['id']}")).status_code == 200
+            for _ in range(100):
+                if second["id"] in engine.aborted:
+                    break
+                await asyncio.sleep(0.02)
+            assert engine.aborted == [first["id"], second["id"]]   # A stopped generating it
+            assert app_a.state.responses.background.num_running == 0
+            for client in (a, b):
+                assert (await client.get(f"/v1/responses/{second['id']}")).status_code == 404
+    finally:
+        app_a.state.responses.store.close()
+        app_b.state.responses.store.close()
+
+
+async def test_a_cancel_the_owner_has_not_read_yet_is_answered_as_it_stands(
+    engine: FakeEngine, server_config: ServerConfig
+) -> None:
+    """B cancels A's response while A's lease watcher sleeps: after waiting, B answers with the
+    stored status (still in progress, the cancel request recorded), and A then cancels it."""
+    engine.step_delay_s = 0.05
+    engine.script = "x" * 200
+    app_a = create_app(engine, server_config)
+    app_b = create_app(FakeEngine(max_model_len=8192), server_config)
+    app_a.state.responses.background.poll_s = 1.0
+    try:
+        async with _client(app_a) as a, _client(app_b) as b:
+            job = await post(a, input="x", background=True, max_output_tokens=200)
+            await _poll_until(b, job["id"], {"in_progress"})
+            state_b = app_b.state.responses
+            stored = await state_b.store.get(job["id"])
+            answered = await cancel_background(state_b, stored, wait_s=0.2)
+            assert answered is not None and answered.status == "in_progress" and answered.cancel_requested
+            assert (await _poll_until(b, job["id"], {"cancelled"}))[-1] == "cancelled"
+            assert engine.aborted == [job["id"]]
+    finally:
+        app_a.state.responses.store.close()
+        app_b.state.responses.store.close()
+
+
+async def test_the_lifespan_applies_the_retention_period(engine: FakeEngine, db_path: Path) -> None:
+    config = ServerConfig(responses_db=str(db_path), responses_retention_s=0.3, server_name="replica-1")
+    app = create_app(engine, config)
+    assert app.state.responses.store.server_id.startswith("replica-1/")
+    async with _client(app) as client:
+        old = await post(client, input="old")
+        await asyncio.sleep(0.4)
+        new = await post(client, input="new")
+        async with app.router.lifespan_context(app):   # its first upkeep round runs at start-up
+            for _ in range(100):
+                if (await client.get(f"/v1/responses/{old['id']}")).status_code == 404:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await client.get(f"/v1/responses/{old['id']}")).status_code == 404
+            assert (await client.get(f"/v1/responses/{new['id']}")).status_code == 200
 
 
 async def test_memory_store(engine: FakeEngine) -> None:
@@ -210,11 +267,18 @@ async def test_shutdown_cancels_background_responses(
     assert (await client.get(f"/v1/responses/{queued['id']}")).json()["status"] == "cancelled"
 
 
-def test_cli_flag() -> None:
-    args = build_parser().parse_args(["serve", "--responses-db", "/tmp/r.db"])
+def test_cli_flags() -> None:
+    args = build_parser().parse_args(["serve", "--responses-db", "/tmp/r.db", "--responses-retention", "12h"])
     assert build_configs(args, {})[1].responses_db == "/tmp/r.db"
+    assert build_configs(args, {})[1].responses_retention_s == 12 * 3600
     args = build_parser().parse_args(["serve"])
-    assert build_configs(args, {})[1].responses_db == "data/responses.sqlite3"
+    config = build_configs(args, {})[1]
+    assert config.responses_db == "data/responses.sqlite3" and config.responses_retention_s is None
+    for value, seconds in [("90", 90), ("1.5m", 90), ("7d", 7 * 86400), ("2w", 14 * 86400)]:
+        assert build_parser().parse_args(["serve", "--responses-retention", value]).responses_retention == seconds
+    for bad in ("0", "-1", "soon", "3y"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--responses-retention", bad])
 
 
 async def _poll_until(client: httpx.AsyncClient, response_id: str, wanted: set[str]) -> list[str]:
