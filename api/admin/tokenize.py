@@ -11,7 +11,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from api.admin.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from api.context import Context
+from api.http.context import Context
 from api.generation.inputs import GenerationInputs, RenderOptions
 from api.generation.render import render_prompt
 from api.http.body import read_body

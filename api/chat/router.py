@@ -11,7 +11,7 @@ from starlette.responses import Response
 from api.chat.output import ChatOutputOptions, chat_chunks, chat_completion
 from api.chat.protocol import ChatCompletionRequest
 from api.chat.translate import translate
-from api.context import Context
+from api.http.context import Context
 from api.generation.prepare import prepare
 from api.http.auth import require_api_key
 from api.http.body import read_body

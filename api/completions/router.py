@@ -12,7 +12,7 @@ from api.completions.output import CompletionOutputOptions, completion, completi
 from api.completions.prompts import tokenize_prompts
 from api.completions.protocol import CompletionRequest
 from api.completions.translate import CompletionTarget, check_best_of_and_echo, engine_requests
-from api.context import Context
+from api.http.context import Context
 from api.http.auth import require_api_key
 from api.http.body import read_body
 from api.protocol.format_grammar import format_grammar

@@ -16,7 +16,7 @@ from functools import partial
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from api.context import Context
+from api.http.context import Context
 from api.generation.constraints import request_constraints
 from api.generation.prepare import prepare
 from api.generation.render import render_prompt

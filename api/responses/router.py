@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from api.http.auth import require_api_key
 from api.generation.prepare import prepare
-from api.context import Context
+from api.http.context import Context
 from api.errors import InvalidRequest, NotSupported, PreviousResponseNotFound, ResponseNotFound
 from api.responses.protocol.objects import InputItemList, ResponseDeleted
 from api.responses.protocol.request import ResponsesRequest

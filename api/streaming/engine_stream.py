@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from api.context import EngineClient
+from api.http.context import EngineClient
 from api.errors import RequestAborted, RequestGrammarError
 from api.observability.stream_tracker import StreamTracker
 from constrained.errors import GrammarError

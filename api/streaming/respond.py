@@ -11,7 +11,7 @@ from fastapi import Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from api.context import ServerContext
+from api.http.context import ServerContext
 from api.streaming.disconnects import cancel_on_disconnect
 from api.streaming.engine_stream import EngineStream, StreamGroup
 from api.streaming.sse import EngineEventSourceResponse, sse_data
