@@ -122,18 +122,8 @@ class _PrefixParser:
                 return node
             child = self.value()
             node.members.append((key, True, child))
-            if not child.complete:
+            if not child.complete or self.container_ends(node, "}"):
                 return node
-            self.skip_ws()
-            if self.at_end():
-                return node
-            ch = self.text[self.pos]
-            self.pos += 1
-            if ch == "}":
-                node.complete = True
-                return node
-            if ch != ",":
-                self.fail("expected ',' or '}'")
             first = False
 
     def arr(self) -> _Node:
@@ -150,19 +140,24 @@ class _PrefixParser:
                 return node
             child = self.value()
             node.items.append(child)
-            if not child.complete:
+            if not child.complete or self.container_ends(node, "]"):
                 return node
-            self.skip_ws()
-            if self.at_end():
-                return node
-            ch = self.text[self.pos]
-            self.pos += 1
-            if ch == "]":
-                node.complete = True
-                return node
-            if ch != ",":
-                self.fail("expected ',' or ']'")
             first = False
+
+    def container_ends(self, node: _Node, close: str) -> bool:
+        """After a complete member or item: True when `node` ends here, closed by `close`
+        (node.complete) or cut by the end of the text; False after a ","."""
+        self.skip_ws()
+        if self.at_end():
+            return True
+        ch = self.text[self.pos]
+        self.pos += 1
+        if ch == close:
+            node.complete = True
+            return True
+        if ch != ",":
+            self.fail(f"expected ',' or '{close}'")
+        return False
 
     def string(self) -> tuple[str, bool]:
         self.pos += 1
