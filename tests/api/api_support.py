@@ -91,11 +91,13 @@ class FakeEngine:
         return self.script if index == 0 else f"{self.script} #{index}"
 
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Like AsyncEngine.generate: admission and the engine's checks now, the outputs when iterated."""
         self.check_admission()
         self.limits.validate(request)
         return self._outputs(request)
 
     def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        """The engine's vocabulary check (AsyncEngine.check_token_ids)."""
         self.limits.check_token_ids(token_ids, param)
 
     async def _outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:

@@ -220,6 +220,12 @@ async def test_context_length_exceeded_names_both_numbers(
     )
     error = assert_error(response, 400, "prompt", "context_length_exceeded")
     assert all(n in error["message"] for n in ("256", "200", "100", "300"))
+    for stream in (False, True):   # a batch: the engine names the prompt; none of the batch is queued
+        response = await client.post(
+            "/v1/completions", json={**COMPLETION, "prompt": ["x", "x" * 300], "max_tokens": None, "stream": stream}
+        )
+        error = assert_error(response, 400, "prompt[1]", "context_length_exceeded")
+        assert "leaves no room" in error["message"] and "300" in error["message"]
     assert engine.requests == []
 
 
