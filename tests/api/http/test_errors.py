@@ -57,6 +57,8 @@ CHAT_INVALID = [
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
     ({"logit_bias": {"65": 200}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"),  # outside the vocabulary
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),  # outside the vocabulary (the engine's check)
+    ({"stop_token_ids": [2, 259]}, "stop_token_ids"),
     ({"logit_bias": {"²": 1}}, "logit_bias"),  # a digit to str.isdigit(), not to int()
     ({"messages": None}, "messages"),
     ({"messages": "hi"}, "messages"),
