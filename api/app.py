@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from api.config import ServerConfig
-from api.context import EngineClient, ServerContext
+from api.http.context import EngineClient, ServerContext
 from api.http.draining import DrainMiddleware, DrainState
 from api.http.errors import install_error_handlers
 from api.observability.metrics import ServingMetrics

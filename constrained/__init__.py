@@ -7,7 +7,7 @@ module the first time that backend is used.
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
 from constrained.bitmask import allocate_bitmask, allow_only, allowed_token_ids, bitmask_width, fill_all_ones
 from constrained.compiler import AUTO_ORDER, CompileStats, GrammarCompiler, GrammarConfig
-from constrained.compose import answer_or_calls, answer_or_calls_spec, tool_calls_grammar
+from constrained.compose import answer_or_calls, tool_calls_grammar
 from constrained.errors import (
     GrammarCompileTimeout,
     GrammarConfigError,
@@ -45,7 +45,6 @@ __all__ = [
     "allow_only",
     "allowed_token_ids",
     "answer_or_calls",
-    "answer_or_calls_spec",
     "bitmask_width",
     "fill_all_ones",
     "get_grammar_backend",

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from constrained.errors import NotComposable
 from constrained.source import close_objects, load_schema
 from constrained.spec import GrammarKind, GrammarSpec
-from constrained.structural_tag import StructuralTag, StructuralTagGrammar, parse_structural_tag
+from constrained.structural_tag import StructuralTag, StructuralTagGrammar
 
 ANSWER_KINDS = (GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT)
 """Output formats that can stand as the answer beside tool calls: a JSON document."""
@@ -65,20 +65,6 @@ def answer_or_calls(
         tags = tuple(dataclasses.replace(t, schema=_closed(t.schema)) for t in tags)
     grammar = dataclasses.replace(calls, tags=tags, forced=True, answer=load_schema(answer))
     return grammar.spec(answer.backend, answer.any_whitespace, answer.additional_properties)
-
-
-def answer_or_calls_spec(answer: GrammarSpec, calls: GrammarSpec) -> GrammarSpec:
-    """`answer_or_calls` for calls given as a spec (what `ToolParser.grammar_for` returns).
-
-    `calls` must be a structural_tag spec; its objects are closed when its
-    `additional_properties` is False (by `parse_structural_tag`). Raises NotComposable (part
-    "calls") for any other kind (e.g. pythonic calls, an EBNF grammar), and what
-    `answer_or_calls` raises.
-    """
-    if calls.kind != GrammarKind.STRUCTURAL_TAG:
-        raise NotComposable(f"tool calls given as {calls.kind.value} cannot be combined with a JSON answer; "
-                            "only calls written as structural tags can", part="calls", param=calls.kind.value)
-    return answer_or_calls(answer, parse_structural_tag(calls), close_calls=False)
 
 
 def _closed(schema: dict | bool) -> dict | bool:

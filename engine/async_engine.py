@@ -122,17 +122,28 @@ class AsyncEngine:
             raise EngineOverloaded(
                 f"the server is overloaded: {num_waiting} requests are waiting (limit {limit}); retry later")
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Submit `request` and yield its outputs until the last (finished=True).
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Check `request` now and return the stream of its outputs until the last (finished=True);
+        the request is queued when that stream is first iterated.
 
-        Raises before the first yield, having queued nothing: EngineDeadError when the engine is
-        not running, EngineOverloaded when too many requests wait (`check_admission`),
-        ContextLengthExceeded / InvalidSamplingParams / LoraAdapterNotFound for a request that
-        cannot run. Later raises EngineStepError, RequestTimedOut, EngineDeadError or an error of
-        the request's grammar compile; the request is finished and its blocks are free by then.
+        Raises at once, having queued nothing: EngineDeadError when the engine is not running,
+        EngineOverloaded when too many requests wait (`check_admission`), ContextLengthExceeded /
+        InvalidSamplingParams / LoraAdapterNotFound for a request that cannot run
+        (`LLMEngine.validate`), so the requests of a batch are all checked before any is queued.
+        The stream raises EngineDeadError before its first output when the engine died meanwhile,
+        and later EngineStepError, RequestTimedOut, EngineDeadError or an error of the request's
+        grammar compile; the request is finished and its blocks are free by then.
         """
         self.check_admission()
         self.engine.validate(request)
+        return self._outputs(request)
+
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        """Raise InvalidSamplingParams(param) for an id outside the model's vocabulary (the check
+        `generate` runs on a request's ids, for ids that arrive without one: /detokenize)."""
+        self.engine.limits.check_token_ids(token_ids, param)
+
+    async def _outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._lock:
             # Checked under the lock the dying thread takes to fail every stream: a request is

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -16,7 +17,8 @@ from engine.block_pool import BlockPool
 from engine.compiled_decode import CompiledDecode
 from engine.config import DEFAULT_CPU_LONG_PREFILL_TOKENS, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import ContextLengthExceeded, EngineStepError, InvalidSamplingParams
+from engine.errors import EngineStepError, InvalidSamplingParams
+from engine.model_limits import ModelLimits
 from engine.model_runner import ModelRunner
 from engine.request import CompletionDelta, EngineRequest, RequestOutput
 from engine.sampler import Sampler
@@ -65,6 +67,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.arch = arch
         self.max_model_len = max_model_len
+        self.limits = ModelLimits(arch.vocab_size, max_model_len)
         self.lora = LoraManager(config.lora, model.lora_spec(), dtype, device) if config.lora else None
         start_compile = compiled_decode is None and config.compile_decode and device.type == "cpu"
         if start_compile:
@@ -92,22 +95,11 @@ class LLMEngine:
         self.num_prompt_tokens = 0
 
     def validate(self, request: EngineRequest) -> None:
-        """Raise ContextLengthExceeded / InvalidSamplingParams / LoraAdapterNotFound (an adapter name
-        that is not loaded) for a request that cannot run on this model; any thread, no side effects."""
-        num_prompt = len(request.prompt_token_ids)
-        if num_prompt == 0:
-            raise InvalidSamplingParams("the prompt is empty", param="prompt")
-        max_tokens = request.sampling_params.max_tokens
-        if num_prompt + max_tokens > self.max_model_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{num_prompt + max_tokens} tokens ({num_prompt} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.", param="messages")
-        vocab = self.arch.vocab_size
-        if any(not 0 <= t < vocab for t in request.prompt_token_ids):
-            raise InvalidSamplingParams(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if any(not 0 <= t < vocab for t in request.sampling_params.logit_bias):
-            raise InvalidSamplingParams(f"logit_bias token ids must be in [0, {vocab})", param="logit_bias")
+        """Raise what `ModelLimits.validate` raises (token ids against the vocabulary, prompt +
+        max_tokens against max_model_len) or LoraAdapterNotFound (an adapter name that is not
+        loaded) for a request that cannot run on this model; any thread, no side effects. The one
+        place these facts are checked."""
+        self.limits.validate(request)
         if request.lora_name is not None and (self.lora is None or not self.lora.registry.has(request.lora_name)):
             raise LoraAdapterNotFound(f"The model `{request.lora_name}` does not exist.", param="model")
 
@@ -156,6 +148,8 @@ class LLMEngine:
         if request.request_id in self.requests:   # a fact of this thread's state, checked here
             raise InvalidSamplingParams(f"duplicate request id {request.request_id}", param="request_id")
         params = request.sampling_params
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=self.limits.max_tokens(request))
         adapter_id = 0
         if request.lora_name is not None and self.lora is not None:
             adapter_id = self.lora.begin_request(request.lora_name, params.n)   # per-load id: keys the prefix cache

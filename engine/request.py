@@ -16,6 +16,8 @@ class EngineRequest:
     `close_grammar`: when max_tokens (or the context) is about to cut the constrained output, append
     the short completion `constrained.closing.GrammarCloser` plans instead, so the output matches
     the grammar; finish_reason stays "length". Ignored without a grammar or with logprobs.
+    `prompt_param`: the request field the prompt came from ("messages", "prompt[1]", "input"),
+    named by the 400s of `LLMEngine.validate` about the prompt.
     """
 
     request_id: str
@@ -25,6 +27,7 @@ class EngineRequest:
     lora_name: str | None = None
     arrival_time: float = 0.0
     close_grammar: bool = False
+    prompt_param: str = "prompt"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,9 @@ class SamplingParams:
 
     temperature 0.0 means greedy. `top_k` -1 or 0 disables top-k. `logit_bias` maps token id to
     an additive bias in [-100, 100]. `logprobs` is the number of top alternatives to report per
-    token (None: no logprobs; 0: only the sampled token's). `max_tokens` counts output tokens.
+    token (None: no logprobs; 0: only the sampled token's). `max_tokens` counts output tokens
+    (None: until the context is full, `ModelLimits.max_tokens`; the engine checks it against the
+    prompt and max_model_len, `ModelLimits.validate`).
     `stop` strings are matched on detokenized text and never appear in the output unless
     `include_stop_str_in_output`. Raises InvalidSamplingParams on out-of-range values.
     """
@@ -33,7 +35,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     min_tokens: int = 0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -51,8 +53,9 @@ class SamplingParams:
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
             (self.repetition_penalty > 0.0, "repetition_penalty", "repetition_penalty must be > 0"),
-            (self.max_tokens >= 1, "max_tokens", "max_tokens must be >= 1"),
-            (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "min_tokens must be in [0, max_tokens]"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be >= 1"),
+            (0 <= self.min_tokens and (self.max_tokens is None or self.min_tokens <= self.max_tokens), "min_tokens",
+             "min_tokens must be in [0, max_tokens]"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be in [0, 20]"),
             (all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()), "logit_bias",
              "logit_bias values must be in [-100, 100]"),

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from constrained.spec import GrammarSpec
+from constrained.structural_tag import StructuralTagGrammar
 from toolparsers.brackets import Memo
 from toolparsers.call_format import CallFormat
 from toolparsers.tool_grammar import tool_grammar
@@ -134,7 +135,8 @@ class _ContentEmitter:
 
 
 class ToolParser(ABC):
-    """One tool-call format: `parse` whole outputs, stream with `feed`/`finish`, constrain with `grammar_for`.
+    """One tool-call format: `parse` whole outputs, stream with `feed`/`finish`, constrain with `grammar_for`
+    (typed: `call_grammar`).
 
     An instance is the streaming state of one response: create one per choice. `tools` (optional)
     lets a parser convert argument values by the parameter schemas (qwen3_coder); the others ignore it.
@@ -167,15 +169,26 @@ class ToolParser(ABC):
     def grammar_for(
         self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
     ) -> GrammarSpec | None:
-        """The constraint for this format: None for "none" (or auto without tools), a forced call for
-        "required"/named, free text plus triggered calls for "auto" (a structural_tag spec built by
-        `toolparsers.tool_grammar.tool_grammar` from `call_format`; formats whose calls are not one
-        tagged object per tool override this).
+        """The constraint for this format as a GrammarSpec: `call_grammar`'s structural tag (formats
+        whose calls are not structural tags override this). None for "none" (or auto without tools).
 
         Raises UnknownTool for a named choice outside `tools`, InvalidToolChoice for a bad value.
         """
-        grammar = tool_grammar(self.call_format, tools, tool_choice, parallel_tool_calls)
+        grammar = self.call_grammar(tools, tool_choice, parallel_tool_calls)
         return None if grammar is None else grammar.spec()
+
+    def call_grammar(
+        self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
+    ) -> StructuralTagGrammar | None:
+        """The calls this format may write, as typed structural tags: None for "none" (or auto
+        without tools), a forced call for "required"/named, free text plus triggered calls for
+        "auto" (`toolparsers.tool_grammar.tool_grammar` from `call_format`; mistral overrides it).
+        constrained/compose.py joins it with a JSON answer.
+
+        Raises UnknownTool / InvalidToolChoice as `grammar_for`, NotComposable (part "calls") for a
+        format whose calls are not structural tags (pythonic).
+        """
+        return tool_grammar(self.call_format, tools, tool_choice, parallel_tool_calls)
 
     def parse(self, text: str, cut: bool = False) -> ParseResult:
         """Parse a whole output into content and tool calls; never raises on malformed calls.

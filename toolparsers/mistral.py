@@ -15,8 +15,7 @@ import re
 from typing import Any
 
 from constrained.compose import tool_calls_grammar
-from constrained.spec import GrammarSpec
-from constrained.structural_tag import StructuralTag
+from constrained.structural_tag import StructuralTag, StructuralTagGrammar
 from toolparsers.base import Call, Segment, Text, ToolChoice, ToolParser, ToolSpec
 from toolparsers.brackets import Memo, find_closing
 from toolparsers.call_format import NAME, CallFormat
@@ -42,7 +41,7 @@ class MistralParser(ToolParser):
     """`[TOOL_CALLS]` followed by a JSON list of calls or by `name[ARGS]{...}` (vLLM name: mistral)."""
 
     name = "mistral"
-    # One call as the v11+ tokenizers write it; the grammar (grammar_for) writes the v3 list instead.
+    # One call as the v11+ tokenizers write it; the grammar (call_grammar) writes the v3 list instead.
     call_format = CallFormat(f"{MARKER}{NAME}{ARGS}", "", MARKER, "")
 
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
@@ -66,9 +65,9 @@ class MistralParser(ToolParser):
             segments.extend(calls)
             pos = end
 
-    def grammar_for(
+    def call_grammar(
         self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
-    ) -> GrammarSpec | None:
+    ) -> StructuralTagGrammar | None:
         """Structural tag with one structure: begin `[TOOL_CALLS]`, a JSON array (1 item when not
         parallel or named) of `{"name": <enum of one tool>, "arguments": <its schema>}`, end "".
         Forced: that one list; auto: free text with lists wherever `[TOOL_CALLS]` appears."""
@@ -85,9 +84,8 @@ class MistralParser(ToolParser):
         if single:
             array["maxItems"] = 1
         # A forced output is one list, however many calls it holds.
-        grammar = tool_calls_grammar([StructuralTag(MARKER, array, "")], MARKER, "", forced=forced,
-                                     single=forced or single)
-        return grammar.spec()
+        return tool_calls_grammar([StructuralTag(MARKER, array, "")], MARKER, "", forced=forced,
+                                  single=forced or single)
 
 
 def _item_schema(tool: ToolSpec) -> dict[str, Any]:

@@ -17,7 +17,9 @@ import re
 import warnings
 from typing import Literal
 
+from constrained.errors import NotComposable
 from constrained.spec import GrammarSpec
+from constrained.structural_tag import StructuralTagGrammar
 from toolparsers.base import Call, Segment, Text, ToolChoice, ToolParser, ToolSpec
 from toolparsers.brackets import find_closing
 from toolparsers.call_format import NAME, CallFormat
@@ -84,6 +86,17 @@ class PythonicParser(ToolParser):
                     param="tools",
                 )
         return pythonic_grammar(allowed, forced=forced, single=single_call(tool_choice, parallel_tool_calls))
+
+    def call_grammar(
+        self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
+    ) -> StructuralTagGrammar | None:
+        """Never: a call list of Python literals is no structural tag, so it cannot be joined with a
+        JSON answer. None where `grammar_for` is None; raises what `grammar_for` raises, else
+        NotComposable (part "calls")."""
+        if self.grammar_for(tools, tool_choice, parallel_tool_calls) is None:
+            return None
+        raise NotComposable("pythonic tool calls cannot be combined with a JSON answer; only calls written "
+                            "as structural tags can", part="calls", param="pythonic")
 
 
 def _next_start(text: str, pos: int, final: bool) -> tuple[int, str]:

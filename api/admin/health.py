@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from api.context import Context
+from api.http.context import Context
 from api.protocol.common import ErrorInfo, ErrorResponse
 
 router = APIRouter()

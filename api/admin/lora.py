@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 
 from api.http.auth import require_api_key
-from api.context import Context, ServerContext
+from api.http.context import Context, ServerContext
 from api.errors import InvalidRequest
 from api.admin.protocol import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from api.http.body import read_body

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from api.http.auth import require_api_key
-from api.context import Context, ServerContext
+from api.http.context import Context, ServerContext
 from api.errors import ModelNotFound
 from api.admin.protocol import ModelCard, ModelList
 

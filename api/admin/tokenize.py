@@ -11,8 +11,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from api.admin.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from api.context import Context
-from api.errors import InvalidRequest
+from api.http.context import Context
 from api.generation.inputs import GenerationInputs, RenderOptions
 from api.generation.render import render_prompt
 from api.http.body import read_body
@@ -31,8 +30,7 @@ async def tokenize(request: Request, context: Context) -> TokenizeResponse:
     if body.messages is not None:
         inputs = GenerationInputs(
             messages=conversation(body.messages),
-            sampling=SamplingParams(max_tokens=engine.max_model_len),
-            max_tokens_requested=False,
+            sampling=SamplingParams(max_tokens=None),
             tools=tool_inputs(body.tools, body.tool_choice, None),
             render=RenderOptions(
                 add_generation_prompt=body.add_generation_prompt is not False,
@@ -63,10 +61,6 @@ async def detokenize(request: Request, context: Context) -> DetokenizeResponse:
     body = await read_body(request, DetokenizeRequest)
     context.resolve_model(body.model)
     engine = context.engine
-    bad = [t for t in body.tokens if not 0 <= t < engine.vocab_size]
-    if bad:
-        raise InvalidRequest(
-            f"token id {bad[0]} is outside the vocabulary [0, {engine.vocab_size})", param="tokens"
-        )
+    engine.check_token_ids(body.tokens, "tokens")
     text = await asyncio.to_thread(engine.tokenizer.decode, body.tokens)
     return DetokenizeResponse(prompt=text)

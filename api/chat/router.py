@@ -11,7 +11,7 @@ from starlette.responses import Response
 from api.chat.output import ChatOutputOptions, chat_chunks, chat_completion
 from api.chat.protocol import ChatCompletionRequest
 from api.chat.translate import translate
-from api.context import Context
+from api.http.context import Context
 from api.generation.prepare import prepare
 from api.http.auth import require_api_key
 from api.http.body import read_body
@@ -29,9 +29,9 @@ async def create_chat_completion(request: Request, context: Context) -> Response
     body = await read_body(request, ChatCompletionRequest)
     model = context.resolve_model(body.model)
     engine = context.engine
-    chat = await asyncio.to_thread(translate, body, model.lora_name, engine.vocab_size, engine.max_model_len)
+    chat = await asyncio.to_thread(translate, body, model.lora_name)
     meta = ResponseMeta.new("chatcmpl", model.name)
-    generation = await prepare(engine.tokenizer, engine.max_model_len, context.config, meta.id, chat.inputs)
+    generation = await prepare(engine.tokenizer, context.config, meta.id, chat.inputs)
     tool_calling = generation.constraints.tool_calling
     options = ChatOutputOptions(
         n=generation.engine_request.sampling_params.n,

@@ -23,24 +23,18 @@ class ChatRequest:
     continuous_usage: bool
 
 
-def translate(
-    body: ChatCompletionRequest, adapter: str | None, vocab_size: int, max_model_len: int
-) -> ChatRequest:
+def translate(body: ChatCompletionRequest, adapter: str | None) -> ChatRequest:
     """The generation inputs of `body` on `adapter` (None: the base model). Walks the response
     format's schema: call it off the event loop.
 
-    Raises InvalidRequest for top_logprobs without logprobs, token ids outside [0, vocab_size),
-    format conflicts and malformed schemas; InvalidSamplingParams for inconsistent values.
+    Raises InvalidRequest for top_logprobs without logprobs, format conflicts and malformed
+    schemas; InvalidSamplingParams for inconsistent values (token ids are the engine's to check).
     """
     num_logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
-    requested = body.requested_max_tokens()
-    sampling = sampling_params_from_request(
-        body, max_tokens=requested or max_model_len, logprobs=num_logprobs, vocab_size=vocab_size
-    )
+    sampling = sampling_params_from_request(body, max_tokens=body.requested_max_tokens(), logprobs=num_logprobs)
     inputs = GenerationInputs(
         messages=conversation(body.messages),
         sampling=sampling,
-        max_tokens_requested=requested is not None,
         tools=tool_inputs(body.tools, body.tool_choice, body.parallel_tool_calls),
         output_format=format_grammar(body),
         grammar_options=grammar_options(body.structured_outputs),

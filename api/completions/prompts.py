@@ -1,9 +1,10 @@
-"""/v1/completions prompts -> token ids: texts are encoded in a worker thread, id lists checked."""
+"""/v1/completions prompts -> token ids: texts are encoded in a worker thread, id lists taken as
+they are (the engine checks them against the vocabulary, `LLMEngine.validate`)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from api.errors import InvalidRequest
@@ -12,24 +13,29 @@ from api.completions.protocol import Prompt
 
 @dataclass(frozen=True, slots=True)
 class PromptInput:
-    """One prompt of a completions request: its token ids and its text (for `echo`)."""
+    """One prompt of a completions request: its token ids, and its text as sent (None for a
+    prompt of token ids, decoded by `text` with `tokenizer`)."""
 
     token_ids: list[int]
-    text: str
+    sent_text: str | None
+    tokenizer: Any = field(repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The prompt as text (for `echo`). Read it once the engine has accepted the request: an
+        id outside the vocabulary does not decode."""
+        return self.sent_text if self.sent_text is not None else str(self.tokenizer.decode(self.token_ids))
 
 
-async def tokenize_prompts(
-    tokenizer: Any, prompt: Prompt, vocab_size: int, add_special_tokens: bool = True
-) -> list[PromptInput]:
+async def tokenize_prompts(tokenizer: Any, prompt: Prompt, add_special_tokens: bool = True) -> list[PromptInput]:
     """Normalize `prompt` (text, texts, ids, lists of ids) into a list of PromptInput.
 
-    Raises InvalidRequest (param `prompt`) for an empty batch, an empty prompt or a token id
-    outside [0, vocab_size).
+    Raises InvalidRequest (param `prompt`) for an empty batch.
     """
     batch = _as_batch(prompt)
     if not batch:
         raise InvalidRequest("prompt must not be an empty list", param="prompt")
-    return await asyncio.to_thread(_tokenize_batch, tokenizer, batch, vocab_size, add_special_tokens)
+    return await asyncio.to_thread(_tokenize_batch, tokenizer, batch, add_special_tokens)
 
 
 def _as_batch(prompt: Prompt) -> list[str | list[int]]:
@@ -40,23 +46,12 @@ def _as_batch(prompt: Prompt) -> list[str | list[int]]:
     return [p for p in prompt if isinstance(p, (str, list))]
 
 
-def _tokenize_batch(
-    tokenizer: Any, batch: list[str | list[int]], vocab_size: int, add_special_tokens: bool
-) -> list[PromptInput]:
+def _tokenize_batch(tokenizer: Any, batch: list[str | list[int]], add_special_tokens: bool) -> list[PromptInput]:
     inputs: list[PromptInput] = []
-    for i, item in enumerate(batch):
-        param = "prompt" if len(batch) == 1 else f"prompt[{i}]"
+    for item in batch:
         if isinstance(item, str):
             token_ids = list(tokenizer.encode(item, add_special_tokens=add_special_tokens))
-            text = item
+            inputs.append(PromptInput(token_ids, item, tokenizer))
         else:
-            bad = [t for t in item if not 0 <= t < vocab_size]
-            if bad:
-                raise InvalidRequest(
-                    f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param=param
-                )
-            token_ids, text = list(item), tokenizer.decode(item)
-        if not token_ids:
-            raise InvalidRequest("prompt must not be empty", param=param)
-        inputs.append(PromptInput(token_ids=token_ids, text=text))
+            inputs.append(PromptInput(list(item), None, tokenizer))
     return inputs

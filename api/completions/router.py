@@ -12,7 +12,7 @@ from api.completions.output import CompletionOutputOptions, completion, completi
 from api.completions.prompts import tokenize_prompts
 from api.completions.protocol import CompletionRequest
 from api.completions.translate import CompletionTarget, check_best_of_and_echo, engine_requests
-from api.context import Context
+from api.http.context import Context
 from api.http.auth import require_api_key
 from api.http.body import read_body
 from api.protocol.format_grammar import format_grammar
@@ -31,16 +31,9 @@ async def create_completion(request: Request, context: Context) -> Response:
     check_best_of_and_echo(body)
     grammar = await asyncio.to_thread(format_grammar, body)
     engine = context.engine
-    prompts = await tokenize_prompts(
-        engine.tokenizer,
-        body.prompt,
-        engine.vocab_size,
-        add_special_tokens=body.add_special_tokens is not False,
-    )
+    prompts = await tokenize_prompts(engine.tokenizer, body.prompt, add_special_tokens=body.add_special_tokens is not False)
     meta = ResponseMeta.new("cmpl", model.name)
-    target = CompletionTarget(
-        meta.id, model.lora_name, engine.max_model_len, engine.vocab_size, context.config.close_structured_outputs
-    )
+    target = CompletionTarget(meta.id, model.lora_name, context.config.close_structured_outputs)
     requests = engine_requests(body, prompts, grammar, target)
     output_options = CompletionOutputOptions(
         n=body.n or 1,

@@ -1,8 +1,8 @@
 """A /v1/completions body -> its EngineRequests (one per prompt, each with `n` choices), once.
 
 Completions have no conversation: the prompts are tokenized as they are (`prompts.py`), so this
-is the one endpoint that builds EngineRequests without `api/generation/prepare.py`; the context
-check (`resolve_max_tokens`) and the format grammar are the ones chat uses.
+is the one endpoint that builds EngineRequests without `api/generation/prepare.py`; the format
+grammar is the one chat uses, and the engine checks ids and context length as for every request.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from api.completions.prompts import PromptInput
 from api.completions.protocol import CompletionRequest
 from api.errors import InvalidRequest, NotSupported
 from api.generation.inputs import RequestGrammar
-from api.generation.prepare import resolve_max_tokens
 from api.protocol.sampling import sampling_params_from_request
 from engine import EngineRequest
 
@@ -33,12 +32,10 @@ def check_best_of_and_echo(body: CompletionRequest) -> None:
 @dataclass(frozen=True, slots=True)
 class CompletionTarget:
     """Where a completions request runs: the engine request id prefix, the adapter (None: base
-    model), the context length and vocabulary size, and whether to close a cut grammar."""
+    model), and whether to close a cut grammar."""
 
     request_id: str
     adapter: str | None
-    max_model_len: int
-    vocab_size: int
     close_grammar: bool
 
 
@@ -47,16 +44,12 @@ def engine_requests(
 ) -> list[EngineRequest]:
     """One EngineRequest per prompt (ids `target.request_id`, or `-i` suffixed for several prompts).
 
-    Raises ContextLengthExceeded (param `prompt` / `prompt[i]`), InvalidRequest for token ids
-    outside the vocabulary, InvalidSamplingParams for inconsistent values.
+    Each names its prompt `prompt` / `prompt[i]` (EngineRequest.prompt_param) for the engine's
+    400s. Raises InvalidSamplingParams for inconsistent values.
     """
     requests = []
+    params = sampling_params_from_request(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
     for i, prompt in enumerate(prompts):
-        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        max_tokens = resolve_max_tokens(body.max_tokens, len(prompt.token_ids), target.max_model_len, param)
-        params = sampling_params_from_request(
-            body, max_tokens=max_tokens, logprobs=body.logprobs, vocab_size=target.vocab_size
-        )
         request_id = target.request_id if len(prompts) == 1 else f"{target.request_id}-{i}"
         requests.append(
             EngineRequest(
@@ -67,6 +60,7 @@ def engine_requests(
                 target.adapter,
                 time.monotonic(),
                 close_grammar=grammar is not None and target.close_grammar,
+                prompt_param="prompt" if len(prompts) == 1 else f"prompt[{i}]",
             )
         )
     return requests

@@ -9,8 +9,8 @@ its output is read.
 
 `parallel_tool_calls: false` allows one call. With a JSON format (response_format / text.format
 json_schema or json_object, structured_outputs json / json_object), "auto" means: either the JSON
-answer or tool calls (`api/tool_format_grammar.py`); any other format with "auto", and any format
-with a forced call, is a 400 conflict. Each grammar keeps the request field it came from
+answer or tool calls (`constrained.compose.answer_or_calls` over the parser's typed
+`call_grammar`); any other format with "auto", and any format with a forced call, is a 400 conflict. Each grammar keeps the request field it came from
 (`RequestGrammar.param`: the format's field, or "tools").
 """
 
@@ -33,7 +33,8 @@ from api.generation.inputs import (
     ToolInputs,
 )
 from api.generation.json_schema_check import check_json_schema
-from api.tool_format_grammar import answer_or_calls_grammar
+from constrained.compose import answer_or_calls
+from constrained.errors import NotComposable
 from constrained.registry import GRAMMAR_BACKENDS
 from constrained.spec import GrammarKind, GrammarSpec
 from engine import SamplingParams
@@ -128,14 +129,13 @@ def request_constraints(inputs: GenerationInputs, config: ServerConfig) -> Const
     parser_class = get_tool_parser(config.tool_call_parser)
     specs = [tool_spec(tool) for tool in inputs.tools.tools]
     parallel = inputs.tools.parallel_tool_calls is not False
-    tool_grammar = parser_class(specs).grammar_for(specs, _parser_choice(choice), parallel)
-    if tool_grammar is not None:
-        # Arguments objects are closed: a schema that does not say otherwise gets only its declared
-        # keys, so a small model cannot invent keys until max_tokens cuts the call.
-        tool_grammar = dataclasses.replace(
-            with_options(tool_grammar, inputs.grammar_options), additional_properties=False
-        )
-    grammar, close = _tool_grammar(fmt, tool_grammar, choice, config)
+    parser = parser_class(specs)
+    if choice == "auto" and fmt is not None and config.constrain_auto_tools:
+        grammar = _answer_or_calls(fmt, parser, specs, parallel)
+        close = config.close_structured_outputs and config.close_tool_calls
+    else:
+        grammar, close = _tool_grammar(fmt, parser.grammar_for(specs, _parser_choice(choice), parallel),
+                                       inputs.grammar_options, choice, config)
     return Constraints(
         grammar=grammar,
         tool_calling=ToolCalling(parser_class, tuple(specs)),
@@ -144,10 +144,44 @@ def request_constraints(inputs: GenerationInputs, config: ServerConfig) -> Const
     )
 
 
+def _answer_or_calls(fmt: RequestGrammar, parser: ToolParser, specs: list[ToolSpec], parallel: bool) -> RequestGrammar:
+    """tool_choice "auto" with a JSON format: either `fmt`'s JSON answer or the parser's calls,
+    never anything else (what OpenAI does with `tools` + a json_schema `response_format`; the
+    openai-agents SDK sends both when an agent has tools and an output type). The calls' arguments
+    are closed (`answer_or_calls`); the result takes `fmt`'s backend and JSON options.
+
+    Raises InvalidRequest when `fmt` is not a JSON format, NotSupported when the tool-call format
+    is not written as structural tags (pythonic); both name the format's request field.
+    """
+    field = _field_of(fmt.param)
+    try:
+        calls = parser.call_grammar(specs, "auto", parallel)
+        assert calls is not None, "auto with tools always has calls"
+        return RequestGrammar(answer_or_calls(fmt.spec, calls), fmt.param)
+    except NotComposable as exc:
+        if exc.part == "answer":
+            raise InvalidRequest(
+                f"{fmt.param} ({fmt.spec.kind.value}) cannot be combined with tools under tool_choice "
+                '"auto"; use a JSON schema or json_object format, or tool_choice "none"',
+                param=field,
+            ) from exc
+        raise NotSupported(
+            f"{fmt.param} cannot be combined with tools in this server's tool-call format; "
+            'use tool_choice "none" or drop the format',
+            param=field,
+        ) from exc
+
+
 def _tool_grammar(
-    fmt: RequestGrammar | None, tool_grammar: GrammarSpec | None, choice: ToolChoice, config: ServerConfig
+    fmt: RequestGrammar | None, tool_grammar: GrammarSpec | None, options: GrammarOptions | None,
+    choice: ToolChoice, config: ServerConfig
 ) -> tuple[RequestGrammar | None, bool]:
-    """The request's grammar and whether to close it, for a choice other than "none"."""
+    """The request's grammar and whether to close it, for a choice other than "none", unless
+    "auto" joins a JSON format with the calls (`_answer_or_calls`)."""
+    if tool_grammar is not None:
+        # Arguments objects are closed: a schema that does not say otherwise gets only its declared
+        # keys, so a small model cannot invent keys until max_tokens cuts the call.
+        tool_grammar = dataclasses.replace(with_options(tool_grammar, options), additional_properties=False)
     if choice != "auto":
         if fmt is not None:
             raise InvalidRequest(
@@ -157,9 +191,6 @@ def _tool_grammar(
         grammar = RequestGrammar(tool_grammar, _TOOLS_PARAM) if tool_grammar is not None else None
         return grammar, config.close_tool_calls
     if fmt is not None:
-        if config.constrain_auto_tools and tool_grammar is not None:
-            combined = RequestGrammar(answer_or_calls_grammar(fmt, tool_grammar), fmt.param)
-            return combined, config.close_structured_outputs and config.close_tool_calls
         return fmt, config.close_structured_outputs
     if config.constrain_auto_tools and tool_grammar is not None:
         return RequestGrammar(tool_grammar, _TOOLS_PARAM), config.close_tool_calls

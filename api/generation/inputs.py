@@ -111,14 +111,13 @@ class GenerationInputs:
     """One conversation to answer.
 
     `output_format`: the grammar of response_format / structured_outputs / text.format (None: free
-    text). `sampling.max_tokens` is the requested output budget; with `max_tokens_requested`
-    False it is only the model's context length, and the budget becomes what the prompt leaves.
+    text). `sampling.max_tokens` is the requested output budget (None: what the prompt leaves of
+    the context; the engine checks it against the context, `LLMEngine.validate`).
     `adapter`: the LoRA adapter name (None: the base model).
     """
 
     messages: tuple[Message, ...]
     sampling: SamplingParams
-    max_tokens_requested: bool
     tools: ToolInputs = field(default_factory=ToolInputs)
     output_format: RequestGrammar | None = None
     grammar_options: GrammarOptions | None = None

@@ -1,12 +1,12 @@
-"""GenerationInputs -> the EngineRequest that answers them: constraints, prompt, output budget,
-sampling. Chat and Responses both come through here, so a fix to rendering, tool grammars or the
-context check applies to both. The slow steps (schemas, template, tokenizer) run off the event loop.
+"""GenerationInputs -> the EngineRequest that answers them: constraints, prompt, sampling. Chat,
+Responses and Messages all come through here, so a fix to rendering or tool grammars applies to
+each. The slow steps (schemas, template, tokenizer) run off the event loop. The prompt's token ids
+and the output budget are checked against the model by the engine (`LLMEngine.validate`), once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +15,7 @@ from api.config import ServerConfig
 from api.generation.constraints import Constraints, request_constraints
 from api.generation.inputs import GenerationInputs
 from api.generation.render import render_prompt
-from engine import ContextLengthExceeded, EngineRequest
+from engine import EngineRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,20 +26,16 @@ class Generation:
     constraints: Constraints
 
 
-async def prepare(
-    tokenizer: Any, max_model_len: int, config: ServerConfig, request_id: str, inputs: GenerationInputs
-) -> Generation:
-    """Decide the constraints, render and tokenize the conversation, fit the output budget into
-    the context and build the EngineRequest `request_id` (on `inputs.adapter`).
+async def prepare(tokenizer: Any, config: ServerConfig, request_id: str, inputs: GenerationInputs) -> Generation:
+    """Decide the constraints, render and tokenize the conversation and build the EngineRequest
+    `request_id` (on `inputs.adapter`); its prompt is named `inputs.render.prompt_param` in the
+    engine's 400s (context length).
 
-    Raises the 400s of its steps: InvalidRequest / NotSupported (tools, formats, template),
-    ContextLengthExceeded (param `inputs.render.prompt_param`), InvalidSamplingParams.
+    Raises the 400s of its steps: InvalidRequest / NotSupported (tools, formats, template).
     """
     constraints = await asyncio.to_thread(request_constraints, inputs, config)
     prompt = await render_prompt(tokenizer, config, inputs)
-    requested = inputs.sampling.max_tokens if inputs.max_tokens_requested else None
-    max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), max_model_len, inputs.render.prompt_param)
-    params = constraints.sampling(dataclasses.replace(inputs.sampling, max_tokens=max_tokens))
+    params = constraints.sampling(inputs.sampling)
     grammar = constraints.grammar
     engine_request = EngineRequest(
         request_id,
@@ -49,31 +45,6 @@ async def prepare(
         inputs.adapter,
         time.monotonic(),
         close_grammar=constraints.close_grammar,
+        prompt_param=inputs.render.prompt_param,
     )
     return Generation(engine_request, constraints)
-
-
-def resolve_max_tokens(
-    requested: int | None, num_prompt_tokens: int, max_model_len: int, prompt_param: str
-) -> int:
-    """The output token budget: `requested`, or what is left of the context when None.
-
-    Raises ContextLengthExceeded (param `prompt_param`) naming max_model_len, the prompt's token
-    count and max_tokens when prompt + max_tokens does not fit (or the prompt alone fills it).
-    """
-    if requested is None:
-        if num_prompt_tokens >= max_model_len:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {max_model_len} tokens, but the prompt has "
-                f"{num_prompt_tokens} tokens, which leaves no room for output. Shorten the prompt.",
-                param=prompt_param,
-            )
-        return max_model_len - num_prompt_tokens
-    if num_prompt_tokens + requested > max_model_len:
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-            f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the prompt, {requested} for "
-            f"max_tokens). Reduce the prompt or max_tokens.",
-            param=prompt_param,
-        )
-    return requested

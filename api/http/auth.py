@@ -6,7 +6,7 @@ import hmac
 
 from fastapi import Request
 
-from api.context import Context
+from api.http.context import Context
 from api.errors import AuthenticationFailed
 
 

@@ -24,7 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
-from api.context import EngineClient
+from api.http.context import EngineClient
 from api.http.draining import DrainState
 from api.responses.background import BackgroundResponses
 

@@ -16,7 +16,7 @@ from functools import partial
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from api.context import Context
+from api.http.context import Context
 from api.generation.constraints import request_constraints
 from api.generation.prepare import prepare
 from api.generation.render import render_prompt
@@ -41,9 +41,9 @@ async def create_message(request: Request, context: Context) -> Response:
     body = await read_body(request, MessagesRequest)
     model = context.resolve_model(body.model)
     engine = context.engine
-    inputs = await asyncio.to_thread(translate, body, model.lora_name, engine.max_model_len)
+    inputs = await asyncio.to_thread(translate, body, model.lora_name)
     meta = ResponseMeta(id=f"msg_{uuid.uuid4().hex}", created=int(time.time()), model=model.name)
-    generation = await prepare(engine.tokenizer, engine.max_model_len, context.config, meta.id, inputs)
+    generation = await prepare(engine.tokenizer, context.config, meta.id, inputs)
     tool_calling = generation.constraints.tool_calling
     options = MessageOptions(
         tool_calling=tool_calling,
@@ -71,7 +71,7 @@ async def count_tokens(request: Request, context: Context) -> CountTokensResult:
     body = await read_body(request, CountTokensRequest)
     model = context.resolve_model(body.model)
     engine = context.engine
-    inputs = await asyncio.to_thread(translate, body, model.lora_name, engine.max_model_len)
+    inputs = await asyncio.to_thread(translate, body, model.lora_name)
     await asyncio.to_thread(request_constraints, inputs, context.config)
     prompt = await render_prompt(engine.tokenizer, context.config, inputs)
     return CountTokensResult(input_tokens=len(prompt.token_ids))

@@ -50,7 +50,7 @@ from toolparsers import ToolCall
 _ERROR_PREFIX = "Error: "
 
 
-def translate(body: CountTokensRequest, adapter: str | None, max_model_len: int) -> GenerationInputs:
+def translate(body: CountTokensRequest, adapter: str | None) -> GenerationInputs:
     """The generation inputs of `body` on `adapter` (None: the base model). A MessagesRequest
     brings its max_tokens, stop_sequences and sampling; a CountTokensRequest only the prompt
     (its budget is the context). Walks the output schema: call it off the event loop.
@@ -68,11 +68,10 @@ def translate(body: CountTokensRequest, adapter: str | None, max_model_len: int)
             stop=tuple(body.stop_sequences or ()),
         )
     else:
-        sampling = SamplingParams(max_tokens=max_model_len)
+        sampling = SamplingParams(max_tokens=None)
     return GenerationInputs(
         messages=conversation(body.system, body.messages),
         sampling=sampling,
-        max_tokens_requested=isinstance(body, MessagesRequest),
         tools=tool_inputs(body.tools, body.tool_choice),
         output_format=_output_format(body),
         adapter=adapter,

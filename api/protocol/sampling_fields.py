@@ -1,7 +1,8 @@
 """Request fields shared by /v1/chat/completions and /v1/completions (OpenAI + vLLM extras).
 
 Every field is optional and nullable; null means the default, resolved in
-`api/protocol/sampling.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128).
+`api/protocol/sampling.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128); token
+ids (logit_bias keys, stop_token_ids) are checked against the vocabulary by the engine.
 """
 
 from __future__ import annotations
@@ -57,13 +58,6 @@ class SamplingFields(RequestModel):
                 raise PydanticCustomError(
                     "invalid_value", "logit_bias values must be in [-100, 100], got {bias}", {"bias": bias}
                 )
-        return value
-
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _ids_non_negative(cls, value: list[int] | None) -> list[int] | None:
-        if any(i < 0 for i in value or []):
-            raise PydanticCustomError("invalid_value", "stop_token_ids must be non-negative token ids")
         return value
 
     def stop_list(self) -> list[str]:

@@ -18,13 +18,10 @@ from typing import Any
 
 import anyio
 
-from api.context import EngineClient
 from api.streaming.engine_stream import EngineStream, StreamGroup
 from api.responses.run import ResponseRun
 from api.responses.stream import whole_response
-from api.observability.stream_tracker import StreamTracker
 from api.responses.store import ResponsesStore
-from engine import EngineRequest
 
 logger = logging.getLogger(__name__)
 
@@ -104,20 +101,15 @@ class BackgroundResponses:
             await asyncio.wait(tasks)
 
 
-async def run_in_background(
-    engine: EngineClient,
-    request: EngineRequest,
-    run: ResponseRun,
-    tracker: StreamTracker | None = None,
-    grammar_param: str | None = None,
-) -> None:
-    """Generate the response of `request`, storing each status it reaches (see the module docstring).
+async def run_in_background(stream: EngineStream, run: ResponseRun) -> None:
+    """Generate the response of `stream` (built, so checked by the engine, before the response was
+    queued), storing each status it reaches (see the module docstring).
 
-    A failure is stored as status "failed" with the client-safe error message. `tracker` sees the
-    outputs (metrics, and the log line, which it should hold until the generation ends);
-    `grammar_param` names the request field of its grammar in a compile failure.
+    A failure is stored as status "failed" with the client-safe error message. The stream's
+    tracker sees the outputs (metrics, and the log line, which it should hold until the
+    generation ends); its `grammar_param` names the request field of its grammar in a compile failure.
     """
-    group = StreamGroup([EngineStream(engine, request, tracker, grammar_param)])
+    group = StreamGroup([stream])
     try:
         await group.start()
         await run.save(run.snapshot("in_progress"))

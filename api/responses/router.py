@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from api.http.auth import require_api_key
 from api.generation.prepare import prepare
-from api.context import Context
+from api.http.context import Context
 from api.errors import InvalidRequest, NotSupported, PreviousResponseNotFound, ResponseNotFound
 from api.responses.protocol.objects import InputItemList, ResponseDeleted
 from api.responses.protocol.request import ResponsesRequest
@@ -29,6 +29,7 @@ from api.responses.run import ResponseRun, initial_response, items_json
 from api.responses.state import Responses
 from api.responses.store import StoredResponse
 from api.responses.stream import response_events, whole_response
+from api.streaming.engine_stream import EngineStream
 from api.streaming.respond import respond
 from api.streaming.sse import sse_typed_events
 from api.observability.stream_tracker import track
@@ -55,9 +56,9 @@ async def create_response(request: Request, context: Context, responses: Respons
             )
         history = found
     engine = context.engine
-    translated = await asyncio.to_thread(translate, body, history, model.lora_name, engine.max_model_len)
+    translated = await asyncio.to_thread(translate, body, history, model.lora_name)
     response_id = f"resp_{uuid.uuid4().hex}"
-    generation = await prepare(engine.tokenizer, engine.max_model_len, context.config, response_id, translated.inputs)
+    generation = await prepare(engine.tokenizer, context.config, response_id, translated.inputs)
     grammar_param = generation.constraints.grammar_param
     run = ResponseRun(
         initial=initial_response(body, response_id, model.name),
@@ -67,14 +68,12 @@ async def create_response(request: Request, context: Context, responses: Respons
         on_tool_calls=tool_call_counter(request, generation.constraints.tool_calling),
     )
     if body.background:
-        context.engine.check_admission()  # refuse now (429 / 500): a queued answer could not be taken back
+        # Built now, so the engine refuses it now (400 / 429 / 500): a queued answer could not be taken back.
+        tracker = track(request, generation.engine_request, hold_record=True)
+        stream = EngineStream(context.engine, generation.engine_request, tracker, grammar_param)
         queued = run.snapshot("queued")
         await run.save(queued)
-        tracker = track(request, generation.engine_request, hold_record=True)
-        responses.background.start(
-            response_id,
-            run_in_background(context.engine, generation.engine_request, run, tracker, grammar_param),
-        )
+        responses.background.start(response_id, run_in_background(stream, run))
         return Response(queued.model_dump_json(), media_type=_JSON)
     return await respond(
         request,

@@ -70,7 +70,7 @@ class ResponsesInputs:
 
 
 def translate(
-    body: ResponsesRequest, history: Sequence[dict[str, Any]], adapter: str | None, max_model_len: int
+    body: ResponsesRequest, history: Sequence[dict[str, Any]], adapter: str | None
 ) -> ResponsesInputs:
     """The inputs for `instructions` + `history` (stored item dicts) + `input`, on `adapter`.
     Walks the format's and tools' schemas: call it off the event loop.
@@ -84,13 +84,12 @@ def translate(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
-        max_tokens=body.max_output_tokens or max_model_len,
+        max_tokens=body.max_output_tokens,
         stop=tuple(body.stop_list()),
     )
     inputs = GenerationInputs(
         messages=messages,
         sampling=sampling,
-        max_tokens_requested=body.max_output_tokens is not None,
         tools=ToolInputs(_tools(body), _tool_choice(body), body.parallel_tool_calls),
         output_format=_format(body),
         render=RenderOptions(prompt_param="input"),

@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from api.context import EngineClient
+from api.http.context import EngineClient
 from api.errors import RequestAborted, RequestGrammarError
 from api.observability.stream_tracker import StreamTracker
 from constrained.errors import GrammarError
@@ -18,9 +18,11 @@ logger = logging.getLogger(__name__)
 
 
 class EngineStream:
-    """The outputs of one EngineRequest. `start()` waits for the first output so that errors the
-    engine raises before it (context length, overload) become a plain HTTP error; `aclose()`
-    closes the engine generator and aborts the request unless it finished.
+    """The outputs of one EngineRequest. Building it hands the request to `engine.generate`, which
+    checks it against the model at once (raises here: context length, token ids, overload; the
+    tracker notes the failure and is closed); `start()` waits for the first output so that errors
+    the engine raises before it become a plain HTTP error too; `aclose()` closes the engine
+    generator and aborts the request unless it finished.
 
     An output whose choice finished with "abort", or an engine generator that ends early, raises
     RequestAborted: the engine gave up on the request (e.g. shutdown).
@@ -37,8 +39,14 @@ class EngineStream:
         self.request_id = request.request_id
         self.finished = False
         self.tracker = tracker
-        self._outputs = engine.generate(request)
         self._first: RequestOutput | None = None
+        try:
+            self._outputs = engine.generate(request)
+        except Exception as exc:  # noted for the log line, then raised to the caller
+            if tracker is not None:
+                tracker.failed(exc)
+                tracker.closed(False)
+            raise
 
     async def start(self) -> None:
         """Wait for the first output (raises what the engine raises before it)."""

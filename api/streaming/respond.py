@@ -11,7 +11,7 @@ from fastapi import Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from api.context import ServerContext
+from api.http.context import ServerContext
 from api.streaming.disconnects import cancel_on_disconnect
 from api.streaming.engine_stream import EngineStream, StreamGroup
 from api.streaming.sse import EngineEventSourceResponse, sse_data
@@ -36,16 +36,17 @@ async def respond(
     `whole(outputs)`. `sse` frames the streamed objects (default: `data:` chunks and [DONE]).
     `grammar_param` names the request field of the requests' grammar in a compile failure.
 
-    The first output is awaited before any byte is sent, so engine errors raised before it are
-    ordinary HTTP errors. A client that disconnects (before the first output, during a whole
+    Every request is checked by the engine before any is queued, and the first output is awaited
+    before any byte is sent, so engine errors raised before it are ordinary HTTP errors. A client that disconnects (before the first output, during a whole
     answer, or mid-stream) gets its engine requests aborted at once. Each engine request's outputs
     feed the app's latency metrics and the request's log record (`api/observability/stream_tracker.py`).
     """
     request_id = getattr(request.state, "request_id", "-")
-    group = StreamGroup(
-        [EngineStream(context.engine, r, track(request, r), grammar_param) for r in engine_requests]
-    )
+    group = StreamGroup([])
     try:
+        # Each request is checked by the engine as its stream is built: all before any is queued.
+        for r in engine_requests:
+            group.streams.append(EngineStream(context.engine, r, track(request, r), grammar_param))
         await cancel_on_disconnect(request.receive, group.start(), request_id)
     except BaseException:
         await _close(group)

@@ -12,7 +12,8 @@ from typing import Any
 
 import httpx
 
-from engine.errors import ContextLengthExceeded, EngineDeadError, EngineOverloaded
+from engine.errors import EngineDeadError, EngineOverloaded
+from engine.model_limits import ModelLimits
 from engine.request import CompletionDelta, EngineRequest, RequestOutput, TokenLogprob
 from engine.stats import EngineStats
 from tests.byte_tokenizer import ByteTokenizer
@@ -44,7 +45,9 @@ class FakeEngine:
     Records submitted requests, abort() calls and requests whose generator was closed unfinished
     (`aborted`), like AsyncEngine, which aborts a request whose consumer stops iterating.
     Like AsyncEngine, refuses new requests when not `healthy` (EngineDeadError) or `overloaded`
-    (EngineOverloaded); `abort_all()` ends every running request with finish_reason "abort".
+    (EngineOverloaded), and checks each against its vocabulary and `max_model_len` with the
+    engine's own `ModelLimits.validate` (what LLMEngine.validate runs), all when `generate` is
+    called; `abort_all()` ends every running request with finish_reason "abort".
     """
 
     def __init__(
@@ -76,20 +79,30 @@ class FakeEngine:
         self.abort_calls: list[str] = []
         self.completed: list[str] = []
 
+    @property
+    def limits(self) -> ModelLimits:
+        """The engine's request checks over this fake's (settable) vocab_size and max_model_len."""
+        return ModelLimits(self.vocab_size, self.max_model_len)
+
     def choice_text(self, index: int, request: EngineRequest | None = None) -> str:
         """The full text choice `index` would produce without stop strings or max_tokens."""
         if self.script_for is not None and request is not None:
             return self.script_for(request, index)
         return self.script if index == 0 else f"{self.script} #{index}"
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+    def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Like AsyncEngine.generate: admission and the engine's checks now, the outputs when iterated."""
         self.check_admission()
+        self.limits.validate(request)
+        return self._outputs(request)
+
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        """The engine's vocabulary check (AsyncEngine.check_token_ids)."""
+        self.limits.check_token_ids(token_ids, param)
+
+    async def _outputs(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         params = request.sampling_params
         num_prompt = len(request.prompt_token_ids)
-        if num_prompt + params.max_tokens > self.max_model_len:
-            raise ContextLengthExceeded(
-                f"fake engine: {num_prompt} + {params.max_tokens} > {self.max_model_len}"
-            )
         self.requests.append(request)
         if self.grammar_error is not None and request.grammar_spec is not None:
             raise self.grammar_error
@@ -143,7 +156,7 @@ class FakeEngine:
     def _plan(self, request: EngineRequest, index: int) -> tuple[list[int], list[str], str, str | None]:
         """(token ids, text released per token, finish reason, the stop string that ended it) of
         one choice."""
-        stops, max_tokens = request.sampling_params.stop, request.sampling_params.max_tokens
+        stops, max_tokens = request.sampling_params.stop, self.limits.max_tokens(request)
         text = self.choice_text(index, request)
         cuts = sorted((text.index(s), s) for s in stops if s in text)
         stop_reason = cuts[0][1] if cuts else None

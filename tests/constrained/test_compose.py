@@ -19,7 +19,6 @@ from constrained import (
     NotComposable,
     StructuralTag,
     answer_or_calls,
-    answer_or_calls_spec,
     tool_calls_grammar,
 )
 from constrained.structural_tag import parse_structural_tag
@@ -129,21 +128,19 @@ def test_calls_that_start_like_the_answer_compile_on_xgrammar_only(backend, acce
     assert not accepts(spec, '{"call": "f", "args": {"x": "1"}}')
 
 
-def test_calls_given_as_a_spec_are_decoded_with_their_options():
-    tagged = calls(forced=True).spec(additional_properties=False)
-    composed = parse_structural_tag(answer_or_calls_spec(ANSWER_SPEC, tagged))
+def test_the_composed_spec_forces_and_closes_the_calls_and_keeps_their_joins():
+    composed = parse_structural_tag(answer_or_calls(ANSWER_SPEC, calls()))
     assert composed.forced and composed.answer == ANSWER
     assert composed.tags[0].schema == {**ARGS_F, "additionalProperties": False}
     assert composed.separator == "\n" and not composed.stop_after_first
+    assert parse_structural_tag(answer_or_calls(ANSWER_SPEC, calls(single=True))).stop_after_first
 
 
 def test_what_cannot_be_composed_says_which_part():
+    """The answer part here; calls that are not structural tags: test_tool_grammar (pythonic)."""
     with pytest.raises(NotComposable, match="regex") as info:
         answer_or_calls(GrammarSpec(K.REGEX, "a+"), calls())
-    assert info.value.part == "answer"
-    with pytest.raises(NotComposable, match="grammar") as info:
-        answer_or_calls_spec(ANSWER_SPEC, GrammarSpec(K.GRAMMAR, 'root ::= "[f()]"'))
-    assert info.value.part == "calls" and isinstance(info.value, InvalidGrammar)
+    assert info.value.part == "answer" and isinstance(info.value, InvalidGrammar)
 
 
 def test_an_answer_needs_forced_calls():

@@ -93,16 +93,9 @@ class _PrefixParser:
 
     def obj(self) -> _Node:
         node = _Node("object", False)
-        self.pos += 1
-        first = True
+        if self.container_starts(node, "}"):
+            return node
         while True:
-            self.skip_ws()
-            if self.at_end():
-                return node
-            if first and self.text[self.pos] == "}":
-                self.pos += 1
-                node.complete = True
-                return node
             if self.text[self.pos] != '"':
                 self.fail("expected a key")
             key, key_complete = self.string()
@@ -122,47 +115,48 @@ class _PrefixParser:
                 return node
             child = self.value()
             node.members.append((key, True, child))
-            if not child.complete:
+            if not child.complete or self.container_ends(node, "}"):
                 return node
-            self.skip_ws()
-            if self.at_end():
-                return node
-            ch = self.text[self.pos]
-            self.pos += 1
-            if ch == "}":
-                node.complete = True
-                return node
-            if ch != ",":
-                self.fail("expected ',' or '}'")
-            first = False
 
     def arr(self) -> _Node:
         node = _Node("array", False)
-        self.pos += 1
-        first = True
+        if self.container_starts(node, "]"):
+            return node
         while True:
-            self.skip_ws()
-            if self.at_end():
-                return node
-            if first and self.text[self.pos] == "]":
-                self.pos += 1
-                node.complete = True
-                return node
             child = self.value()
             node.items.append(child)
-            if not child.complete:
+            if not child.complete or self.container_ends(node, "]"):
                 return node
-            self.skip_ws()
-            if self.at_end():
-                return node
-            ch = self.text[self.pos]
+
+    def container_starts(self, node: _Node, close: str) -> bool:
+        """At the opening bracket of `node`: step past it; True when `node` ends at once, empty
+        (`close` next: node.complete) or cut by the end of the text, else at its first member."""
+        self.pos += 1
+        self.skip_ws()
+        if self.at_end():
+            return True
+        if self.text[self.pos] == close:
             self.pos += 1
-            if ch == "]":
-                node.complete = True
-                return node
-            if ch != ",":
-                self.fail("expected ',' or ']'")
-            first = False
+            node.complete = True
+            return True
+        return False
+
+    def container_ends(self, node: _Node, close: str) -> bool:
+        """After a complete member or item: True when `node` ends here, closed by `close`
+        (node.complete) or cut by the end of the text (also right after a ","); False at the next
+        member."""
+        self.skip_ws()
+        if self.at_end():
+            return True
+        ch = self.text[self.pos]
+        self.pos += 1
+        if ch == close:
+            node.complete = True
+            return True
+        if ch != ",":
+            self.fail(f"expected ',' or '{close}'")
+        self.skip_ws()
+        return self.at_end()
 
     def string(self) -> tuple[str, bool]:
         self.pos += 1

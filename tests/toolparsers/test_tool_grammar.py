@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from constrained import GrammarKind, GrammarSpec, answer_or_calls_spec
+from constrained import GrammarKind, GrammarSpec, InvalidGrammar, NotComposable, answer_or_calls
 from constrained.structural_tag import parse_structural_tag
 from toolparsers import (
     TOOL_PARSERS,
@@ -145,7 +145,7 @@ def test_each_format_composes_with_a_json_answer(grammar_accepts, name, backend,
     weather, time, separator = CALLS[name]
     answer = GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(
         {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}))
-    spec = answer_or_calls_spec(answer, get_tool_parser(name)(TOOLS).grammar_for(TOOLS, "auto", parallel))
+    spec = answer_or_calls(answer, get_tool_parser(name)(TOOLS).call_grammar(TOOLS, "auto", parallel))
     assert accepts(spec, '{"answer": "It is sunny."}') and accepts(spec, weather) and accepts(spec, time)
     assert not accepts(spec, '{"answer": 3}') and not accepts(spec, "It is sunny.")
     assert not accepts(spec, "Let me check. " + weather)
@@ -181,6 +181,24 @@ def test_pythonic_grammar_follows_types_and_required(grammar_accepts) -> None:
 def test_pythonic_rejects_tool_names_it_cannot_write() -> None:
     with pytest.raises(UnsupportedTool, match="get-weather"):
         get_tool_parser("pythonic")().grammar_for([ToolSpec("get-weather")], "auto", True)
+    with pytest.raises(UnsupportedTool, match="get-weather"):   # checked before "cannot be composed"
+        get_tool_parser("pythonic")().call_grammar([ToolSpec("get-weather")], "auto", True)
+
+
+def test_pythonic_calls_cannot_stand_beside_a_json_answer() -> None:
+    """Its calls are EBNF, not structural tags: `call_grammar` says which part cannot be composed."""
+    parser = get_tool_parser("pythonic")()
+    assert parser.call_grammar(TOOLS, "none", True) is None
+    with pytest.raises(NotComposable, match="pythonic") as info:
+        parser.call_grammar(TOOLS, "auto", True)
+    assert info.value.part == "calls" and isinstance(info.value, InvalidGrammar)
+
+
+@pytest.mark.parametrize("name", sorted(set(TOOL_PARSERS) - {"pythonic"}))
+def test_grammar_for_is_the_spec_of_call_grammar(name: str) -> None:
+    parser = get_tool_parser(name)(TOOLS)
+    for choice in ("auto", "required", NAMED):
+        assert parser.grammar_for(TOOLS, choice, False) == parser.call_grammar(TOOLS, choice, False).spec()
 
 
 @pytest.mark.parametrize("name", sorted(TOOL_PARSERS))

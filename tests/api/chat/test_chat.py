@@ -124,7 +124,7 @@ async def test_explicit_nulls_mean_defaults(client: httpx.AsyncClient, engine: F
     assert response.status_code == 200, response.text
     params = engine.requests[0].sampling_params
     prompt_len = len(engine.requests[0].prompt_token_ids)
-    assert params.max_tokens == engine.max_model_len - prompt_len
+    assert params.max_tokens is None and engine.limits.max_tokens(engine.requests[0]) == engine.max_model_len - prompt_len
     assert (params.temperature, params.top_p, params.n, params.stop) == (1.0, 1.0, 1, ())
 
 

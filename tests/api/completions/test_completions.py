@@ -31,7 +31,8 @@ async def test_string_prompt(client: httpx.AsyncClient, engine: FakeEngine) -> N
 async def test_null_max_tokens_means_rest_of_context(client: httpx.AsyncClient, engine: FakeEngine) -> None:
     body = await complete(client, prompt="test", temperature=0, max_tokens=None)
     assert body["choices"][0]["finish_reason"] == "stop"
-    assert engine.requests[0].sampling_params.max_tokens == engine.max_model_len - 4
+    assert engine.requests[0].sampling_params.max_tokens is None   # the engine's budget: the rest of the context
+    assert engine.limits.max_tokens(engine.requests[0]) == engine.max_model_len - 4
 
 
 async def test_prompt_forms_and_choice_indices(client: httpx.AsyncClient, engine: FakeEngine) -> None:

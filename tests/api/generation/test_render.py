@@ -22,7 +22,7 @@ async def render_chat_prompt(
     tokenizer, request: ChatCompletionRequest, options: RenderOptions, chat_template: str | None = None
 ) -> ChatPrompt:
     """The prompt of `request`'s messages (no tools) as chat renders it."""
-    inputs = GenerationInputs(conversation(request.messages), SamplingParams(), False, render=options)
+    inputs = GenerationInputs(conversation(request.messages), SamplingParams(), render=options)
     return await render_prompt(tokenizer, ServerConfig(chat_template=chat_template), inputs)
 
 

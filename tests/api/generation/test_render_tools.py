@@ -77,7 +77,7 @@ def request(
 async def render_chat_prompt(tokenizer: Any, body: ChatCompletionRequest) -> ChatPrompt:
     """The prompt chat renders for `body` on a server with the hermes tool-call format."""
     tools = tool_inputs(body.tools, body.tool_choice, body.parallel_tool_calls)
-    inputs = GenerationInputs(conversation(body.messages), SamplingParams(), False, tools=tools)
+    inputs = GenerationInputs(conversation(body.messages), SamplingParams(), tools=tools)
     return await render_prompt(tokenizer, ServerConfig(tool_call_parser="hermes"), inputs)
 
 

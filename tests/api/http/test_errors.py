@@ -57,6 +57,8 @@ CHAT_INVALID = [
     ({"logit_bias": {"abc": 1}}, "logit_bias"),
     ({"logit_bias": {"65": 200}}, "logit_bias"),
     ({"logit_bias": {"999999": 1}}, "logit_bias"),  # outside the vocabulary
+    ({"stop_token_ids": [-1]}, "stop_token_ids"),  # outside the vocabulary (the engine's check)
+    ({"stop_token_ids": [2, 259]}, "stop_token_ids"),
     ({"logit_bias": {"²": 1}}, "logit_bias"),  # a digit to str.isdigit(), not to int()
     ({"messages": None}, "messages"),
     ({"messages": "hi"}, "messages"),
@@ -220,6 +222,12 @@ async def test_context_length_exceeded_names_both_numbers(
     )
     error = assert_error(response, 400, "prompt", "context_length_exceeded")
     assert all(n in error["message"] for n in ("256", "200", "100", "300"))
+    for stream in (False, True):   # a batch: the engine names the prompt; none of the batch is queued
+        response = await client.post(
+            "/v1/completions", json={**COMPLETION, "prompt": ["x", "x" * 300], "max_tokens": None, "stream": stream}
+        )
+        error = assert_error(response, 400, "prompt[1]", "context_length_exceeded")
+        assert "leaves no room" in error["message"] and "300" in error["message"]
     assert engine.requests == []
 
 

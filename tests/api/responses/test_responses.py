@@ -110,7 +110,8 @@ async def test_nulls_mean_defaults(client: httpx.AsyncClient, engine: FakeEngine
     )
     r = await post(client, input="x", **nulls)
     assert r.status_code == 200, r.text
-    assert engine.requests[0].sampling_params.max_tokens == 4096 - len(engine.requests[0].prompt_token_ids)
+    assert engine.requests[0].sampling_params.max_tokens is None
+    assert engine.limits.max_tokens(engine.requests[0]) == 4096 - len(engine.requests[0].prompt_token_ids)
     assert r.json()["temperature"] == 1.0
 
 

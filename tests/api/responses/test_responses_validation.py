@@ -187,10 +187,17 @@ async def test_bad_bodies_are_400(client: httpx.AsyncClient) -> None:
     assert r.status_code == 400 and r.json()["error"]["param"] == "store"
 
 
-async def test_context_too_long_names_input(client: httpx.AsyncClient) -> None:
-    r = await post(client, input="x" * 5000)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    assert r.json()["error"]["param"] == "input"
+async def test_context_too_long_names_input(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """Also in the background: the engine refuses it before it is queued, so the client gets the
+    400, not a queued response that fails later."""
+    for background in (False, True):
+        r = await post(client, input="x" * 5000, background=background)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert r.json()["error"]["param"] == "input"
+    r = await post(client, input="x" * 5000, background=True, max_output_tokens=5)
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "4096" in message and "5 for max_tokens" in message, message
+    assert engine.requests == []
 
 
 async def test_malformed_tool_schema_names_the_tool(client: httpx.AsyncClient) -> None:

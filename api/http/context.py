@@ -23,10 +23,15 @@ class EngineClient(Protocol):
     model_name: str
     model_path: str
     max_model_len: int
-    vocab_size: int
 
     def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Yield the request's outputs; errors before the first yield, abort when iteration stops."""
+        """Check the request against the model (raises here: LLMEngine.validate) and return its
+        outputs; the stream raises before its first output when the engine refuses it later
+        (overload, shutdown), and iterating it no further aborts the request."""
+        ...
+
+    def check_token_ids(self, token_ids: list[int], param: str) -> None:
+        """Raise InvalidSamplingParams(param) for an id outside the model's vocabulary (/detokenize)."""
         ...
 
     def abort(self, request_id: str) -> None:
