@@ -29,19 +29,29 @@ class EngineRequest:
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """Logprob of one generated token (after masking/penalties, before temperature) and its top alternatives."""
+    """Logprob of one generated token (after penalties, logit_bias and the grammar mask, before
+    temperature) and its top alternatives.
+
+    The sampler fills the first three fields; the engine fills the last two as it releases the
+    entry with its text (engine/output_logprobs.py): `text_bytes` is this token's part of the
+    returned text (its whole bytes, or the part before the cut where the text ends inside it),
+    `top_bytes` the vocabulary bytes of each `top` token.
+    """
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)   # (token_id, logprob), best first
+    text_bytes: bytes | None = None
+    top_bytes: tuple[bytes, ...] = ()
 
 
 @dataclass(slots=True)
 class CompletionDelta:
     """What is new for one choice (`index` in 0..n-1) since the previous RequestOutput.
 
-    `text` is the newly released text (stop strings withheld or cut); `finish_reason` is set
-    once: "stop", "length", or "abort".
+    `text` is the newly released text (stop strings withheld or cut); `logprobs` (when requested)
+    lists exactly the tokens whose text `text` completes, in order (never EOS or a stop token; see
+    engine/output_logprobs.py); `finish_reason` is set once: "stop", "length", or "abort".
     """
 
     index: int
