@@ -19,7 +19,10 @@ WORDS = ["Hel", "lo W", "orld", "!"]     # ids 256..259 of the byte tokenizer be
 NON_ASCII = {t: -100.0 for t in range(128, 256)}
 
 
-def run(engine: LLMEngine, request: EngineRequest) -> list[tuple[str, list[TokenLogprob], list[int], str | None]]:
+Choice = tuple[str, list[TokenLogprob], list[int], str | None]
+
+
+def run(engine: LLMEngine, request: EngineRequest) -> list[Choice]:
     """Each choice's (text, logprob entries, token ids, finish_reason), gathered from the deltas."""
     engine.add_request(request)
     n = request.sampling_params.n
@@ -99,11 +102,13 @@ def test_stop_string_inside_tokens_cuts_the_last_entry(words_engine, include_sto
     kept = len(entries)
     assert [e.token_id for e in entries] == free_ids[:kept]
     assert [e.logprob for e in entries] == pytest.approx([e.logprob for e in free[:kept]])
-    assert sum(len(e.text_bytes) for e in free[:kept - 1]) < cut <= sum(len(e.text_bytes) for e in free[:kept])
+    ends = [len(joined(free[:i])) for i in (kept - 1, kept)]
+    assert ends[0] < cut <= ends[1]        # the last entry is the token the text ends in
 
 
 def test_a_character_split_over_tokens_keeps_each_tokens_bytes(smollm2_tokenizer):
-    """SmolLM2 writes " 😊" as two tokens; each entry carries its own vocabulary bytes, which join to the text."""
+    """SmolLM2 writes " 😊" as two tokens; each entry carries its own vocabulary bytes, which join
+    to the text."""
     token_bytes = TokenBytes(smollm2_tokenizer)
     text = "héllo 😊 world"
     ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
