@@ -86,6 +86,7 @@ def translate(
         seed=body.seed,
         max_tokens=body.max_output_tokens or max_model_len,
         stop=tuple(body.stop_list()),
+        logprobs=body.logprobs(),
     )
     inputs = GenerationInputs(
         messages=messages,
