@@ -174,7 +174,8 @@ class LLMEngine:
                 seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
                 token_ids=list(request.prompt_token_ids), num_prompt_tokens=len(request.prompt_token_ids),
                 sampling_params=params, arrival_time=request.arrival_time or time.monotonic(),
-                lora_name=request.lora_name, adapter_id=adapter_id, generator=generator)
+                lora_name=request.lora_name, adapter_id=adapter_id, generator=generator,
+                cache_salt=request.cache_salt)
             seqs.append(seq)
             detoks.append(IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
                                                  params.skip_special_tokens))

@@ -16,6 +16,8 @@ class EngineRequest:
     `close_grammar`: when max_tokens (or the context) is about to cut the constrained output, append
     the short completion `constrained.closing.GrammarCloser` plans instead, so the output matches
     the grammar; finish_reason stays "length". Ignored without a grammar or with logprobs.
+    `cache_salt`: requests share prefix-cache blocks only with requests of the same salt (None:
+    with every other request without one); see engine/block_hash.py.
     """
 
     request_id: str
@@ -25,6 +27,7 @@ class EngineRequest:
     lora_name: str | None = None
     arrival_time: float = 0.0
     close_grammar: bool = False
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

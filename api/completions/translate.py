@@ -67,6 +67,7 @@ def engine_requests(
                 target.adapter,
                 time.monotonic(),
                 close_grammar=grammar is not None and target.close_grammar,
+                cache_salt=body.cache_salt,
             )
         )
     return requests

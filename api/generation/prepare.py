@@ -49,6 +49,7 @@ async def prepare(
         inputs.adapter,
         time.monotonic(),
         close_grammar=constraints.close_grammar,
+        cache_salt=inputs.cache_salt,
     )
     return Generation(engine_request, constraints)
 

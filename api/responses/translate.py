@@ -96,6 +96,7 @@ def translate(
         output_format=_format(body),
         render=RenderOptions(prompt_param="input"),
         adapter=adapter,
+        cache_salt=body.cache_salt,
     )
     return ResponsesInputs(inputs, input_items)
 

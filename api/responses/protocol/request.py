@@ -1,4 +1,4 @@
-"""The POST /v1/responses request body: OpenAI fields verbatim, plus `stop` and `seed` (vLLM).
+"""The POST /v1/responses request body: OpenAI fields verbatim, plus `stop`, `seed` and `cache_salt` (vLLM).
 
 Served: model, input, instructions, tools (function), tool_choice, parallel_tool_calls,
 text.format, max_output_tokens, temperature, top_p, metadata, store, previous_response_id,
@@ -160,6 +160,7 @@ class ResponsesRequest(RequestModel):
     # vLLM extensions
     stop: Stop = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    cache_salt: str | None = Field(default=None, min_length=1)   # see engine/block_hash.py
 
     @field_validator("metadata")
     @classmethod
