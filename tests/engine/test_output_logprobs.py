@@ -1,7 +1,8 @@
 """Logprobs list exactly the returned text's tokens (engine/output_logprobs.py, engine/token_bytes.py):
 on a tiny random Llama through LLMEngine (EOS and stop-string tokens left out, the token in which a
-stop string starts cut to its returned part, n > 1), and the bytes of SmolLM2 tokens that hold part
-of a character."""
+stop string starts cut to its returned part, n > 1), and the bytes of tokens: SmolLM2's that hold
+part of a character, GPT-2's byte-level alphabet, SentencePiece byte fallback, the fallback to
+the decoded text."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from engine.llm_engine import LLMEngine
 from engine.output_logprobs import LogprobAligner
 from engine.request import EngineRequest, TokenLogprob
 from engine.sampling_params import SamplingParams
-from engine.token_bytes import TokenBytes
+from engine.token_bytes import TokenBytes, byte_level_alphabet
 from tests.byte_tokenizer import ByteTokenizer
 from tiny_engine import EOS, load_tiny_folder, make_engine
 
@@ -120,3 +121,28 @@ def test_a_character_split_over_tokens_keeps_each_tokens_bytes(smollm2_tokenizer
     aligner.add(TokenLogprob(second, -0.1), " 😊")
     out = aligner.release(" 😊")
     assert [e.text_bytes for e in out] == [b" \xf0\x9f\x98", b"\x8a"]
+
+
+def test_byte_level_alphabet_is_gpt2s():
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    assert byte_level_alphabet() == {ch: b for b, ch in bytes_to_unicode().items()}
+
+
+def test_sentencepiece_byte_fallback_tokens():
+    """A SentencePiece-style vocabulary (Llama 2, Mistral): `<0xNN>` is that byte, U+2581 a space."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<0xE2>": 1, "<0x82>": 2, "<0xAC>": 3, "\u2581hi": 4, "there": 5}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    token_bytes = TokenBytes(PreTrainedTokenizerFast(tokenizer_object=backend))
+    assert [token_bytes.bytes_of(t) for t in range(1, 6)] == [b"\xe2", b"\x82", b"\xac", b" hi", b"there"]
+
+
+def test_unknown_vocabularies_fall_back_to_the_decoded_text():
+    token_bytes = TokenBytes(ByteTokenizer(WORDS))
+    assert token_bytes.bytes_of(ord("a")) == b"a" and token_bytes.bytes_of(257) == b"lo W"
+    assert token_bytes.bytes_of(0xC3) == "\ufffd".encode()
