@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections import deque
 from dataclasses import dataclass, field
 
 from engine.request import TokenLogprob
@@ -39,7 +39,7 @@ class LogprobAligner:
     """
 
     token_bytes: TokenBytes
-    _held: list[_Held] = field(default_factory=list)
+    _held: deque[_Held] = field(default_factory=deque)
     _num_text_bytes: int = 0     # bytes of decoded text given to entries so far
     _num_released: int = 0       # bytes of text released so far
 
@@ -53,9 +53,9 @@ class LogprobAligner:
         """Give `new_text` (decoded text not yet attributed) to the entries still waiting for theirs."""
         if not new_text:
             return
-        waiting = [h for h in self._held if h.data is None]
-        if not waiting:
+        if not self._held or self._held[-1].data is not None:
             return
+        waiting = [h for h in self._held if h.data is None]     # a trailing run (one character)
         data = new_text.encode("utf-8")
         for held, part in zip(waiting, self._split(data, [h.entry.token_id for h in waiting])):
             held.start, held.data = self._num_text_bytes, part
@@ -70,7 +70,7 @@ class LogprobAligner:
             if held.data is None or held.start + len(held.data) > self._num_released:
                 break
             out.append(self._entry(held.entry, held.data))
-            self._held.pop(0)
+            self._held.popleft()
         return out
 
     def finish(self, text: str) -> list[TokenLogprob]:
@@ -80,7 +80,7 @@ class LogprobAligner:
             if held.data is None or held.start >= self._num_released:
                 continue
             out.append(self._entry(held.entry, held.data[:self._num_released - held.start]))
-        self._held = []
+        self._held.clear()
         return out
 
     def _split(self, data: bytes, token_ids: list[int]) -> list[bytes]:
@@ -94,4 +94,4 @@ class LogprobAligner:
 
     def _entry(self, entry: TokenLogprob, data: bytes) -> TokenLogprob:
         top_bytes = tuple(self.token_bytes.bytes_of(t) for t, _ in entry.top)
-        return dataclasses.replace(entry, text_bytes=data, top_bytes=top_bytes)
+        return TokenLogprob(entry.token_id, entry.logprob, entry.top, data, top_bytes)
