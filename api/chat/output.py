@@ -141,9 +141,10 @@ async def chat_completion(
         _whole_choice(i, "".join(texts[i]), finish_reasons[i], options) for i in range(options.n)
     ]
     if options.logprobs:
-        choices = [c.model_copy(update={"logprobs": fmt.chat(
-            _content_entries(options, logprobs[c.index], c))})
-                   for c in choices]
+        choices = [
+            c.model_copy(update={"logprobs": fmt.chat(_content_entries(options, logprobs[c.index], c))})
+            for c in choices
+        ]
     return ChatCompletion(
         id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage_of(last)
     )
