@@ -81,7 +81,9 @@ async def chat_chunks(
         if tool_calling
         else None
     )
-    contents = [ContentLogprobs() for _ in range(options.n)] if tool_calling and options.logprobs else None
+    contents = None
+    if tool_calling and options.logprobs:
+        contents = [ContentLogprobs(fmt.token_bytes) for _ in range(options.n)]
     last: RequestOutput | None = None
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for _, out in outputs:
@@ -142,7 +144,7 @@ async def chat_completion(
     ]
     if options.logprobs:
         choices = [
-            c.model_copy(update={"logprobs": fmt.chat(_content_entries(options, logprobs[c.index], c))})
+            c.model_copy(update={"logprobs": fmt.chat(_content_entries(options, fmt, logprobs[c.index], c))})
             for c in choices
         ]
     return ChatCompletion(
@@ -151,12 +153,13 @@ async def chat_completion(
 
 
 def _content_entries(
-    options: ChatOutputOptions, entries: list[TokenLogprob], choice: ChatCompletionChoice
+    options: ChatOutputOptions, fmt: LogprobFormatter, entries: list[TokenLogprob],
+    choice: ChatCompletionChoice,
 ) -> list[TokenLogprob]:
     """A whole choice's logprob entries: all of them, or with tool calling those of its content only."""
     if options.tool_calling is None:
         return entries
-    return ContentLogprobs().read(entries, choice.message.content or "", final=True)
+    return ContentLogprobs(fmt.token_bytes).read(entries, choice.message.content or "", final=True)
 
 
 def _whole_choice(

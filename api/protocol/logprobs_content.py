@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from engine import TokenLogprob
 
@@ -16,17 +17,19 @@ class ContentLogprobs:
     its bytes cut to the content part (when it begins with some), and it and everything after it
     (the call's markup and arguments, any text after the call) get no content logprobs. While the
     reader holds text back (a possible call marker), the entries covering it wait.
+    `token_bytes`: an entry's bytes (`LogprobFormatter.token_bytes`: its `text_bytes`, or the
+    decoded token for entries made without them).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, token_bytes: Callable[[TokenLogprob], bytes]) -> None:
+        self._token_bytes = token_bytes
         self._waiting: list[TokenLogprob] = []
         self._content = b""        # content bytes not yet matched by an entry
         self._ended = False
 
     def read(self, entries: list[TokenLogprob], content: str, final: bool) -> list[TokenLogprob]:
         """The content entries that `entries` (the engine's, in order) and `content` (the content
-        the reader released with them) complete; `final`: the choice ended, decide the rest.
-        Entries without `text_bytes` (not from the engine's aligner) are matched as empty."""
+        the reader released with them) complete; `final`: the choice ended, decide the rest."""
         if self._ended:
             return []
         self._waiting.extend(entries)
@@ -34,7 +37,7 @@ class ContentLogprobs:
         out: list[TokenLogprob] = []
         while self._waiting and not self._ended:
             entry = self._waiting[0]
-            data = entry.text_bytes or b""
+            data = self._token_bytes(entry)
             if self._content.startswith(data):
                 out.append(entry)
                 self._content = self._content[len(data):]

@@ -83,7 +83,8 @@ class ResponseOutputBuilder:
         self._reader = OutputReader(tool_calling, on_tool_calls)
         self._open: _OpenMessage | _OpenCall | None = None
         self._fmt = logprobs
-        self._content = ContentLogprobs() if logprobs is not None and tool_calling is not None else None
+        self._content = (ContentLogprobs(logprobs.token_bytes)
+                         if logprobs is not None and tool_calling is not None else None)
         self._logprobs: list[dict[str, Any]] = []   # entries not yet sent with a text delta
 
     def feed(

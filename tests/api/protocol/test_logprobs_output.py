@@ -11,6 +11,7 @@ from engine import TokenLogprob
 from tests.byte_tokenizer import ByteTokenizer
 
 NAN, NEG_INF = float("nan"), float("-inf")
+BYTES = LogprobFormatter(ByteTokenizer()).token_bytes
 
 
 def entry(data: bytes, logprob: float = -0.5, top: list[tuple[int, float]] | None = None) -> TokenLogprob:
@@ -48,11 +49,11 @@ def test_content_logprobs_stop_where_the_call_markup_starts():
     content keeps " " of it; the markup and argument tokens get none, whole or fed in pieces."""
     pieces = [b"Sure", b".", b" <", b"tool", b"_call", b">", b'{"a"']
     entries = [entry(p) for p in pieces]
-    whole = ContentLogprobs().read(entries, "Sure. ", final=True)
+    whole = ContentLogprobs(BYTES).read(entries, "Sure. ", final=True)
     assert [e.text_bytes for e in whole] == [b"Sure", b".", b" "]
-    streamed, reader = [], ContentLogprobs()
+    streamed, reader = [], ContentLogprobs(BYTES)
     for i, (e, text) in enumerate(zip(entries, ["Sure", ".", "", "", "", "", ""])):
         streamed += reader.read([e], text, final=False)
     streamed += reader.read([], " ", final=True)       # the parser releases the held " " at the end
     assert [e.text_bytes for e in streamed] == [e.text_bytes for e in whole]
-    assert ContentLogprobs().read(entries[:2], "Sure.", final=True) == entries[:2]
+    assert ContentLogprobs(BYTES).read(entries[:2], "Sure.", final=True) == entries[:2]

@@ -197,3 +197,17 @@ async def test_output_text_logprobs_stream_equals_whole(client: httpx.AsyncClien
     plain = await whole(client, input="x")
     assert engine.requests[-1].sampling_params.logprobs is None
     assert plain["output"][0]["content"][0]["logprobs"] == []
+
+
+async def test_output_text_logprobs_with_a_call_cover_the_text_only(client: httpx.AsyncClient,
+                                                                  engine: FakeEngine) -> None:
+    """As in chat: the message's logprobs are its text's tokens; the call's markup has none."""
+    play(engine, "Sure.\n" + call_text("get_weather", {"city": "Paris"}))
+    fields = {"input": "x", "tools": [GET_WEATHER], "include": ["message.output_text.logprobs"]}
+    streamed = [e["item"] for e in await stream(client, **fields) if e["type"] == "response.output_item.done"]
+    for output in ((await whole(client, **fields))["output"], streamed):
+        message, call = output
+        assert call["type"] == "function_call" and call["name"] == "get_weather"
+        part = message["content"][0]
+        assert part["text"].strip() == "Sure."
+        assert "".join(lp["token"] for lp in part["logprobs"]) == part["text"]
