@@ -178,7 +178,8 @@ async def test_errors_before_the_stream_are_http_errors(client: httpx.AsyncClien
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
 
 
-async def test_output_text_logprobs_stream_equals_whole(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+async def test_output_text_logprobs_stream_equals_whole(client: httpx.AsyncClient,
+                                                        engine: FakeEngine) -> None:
     """include message.output_text.logprobs: every delta carries its tokens' entries, their tokens
     join to the text, and the part lists them all, streamed and whole; top_logprobs sets the
     alternatives and is echoed."""
