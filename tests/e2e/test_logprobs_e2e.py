@@ -114,6 +114,7 @@ def batch_jobs(server) -> Jobs:
 
 
 def is_utf8(data: bytes) -> bool:
+    """True when `data` is whole UTF-8 characters."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
