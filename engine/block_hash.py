@@ -26,14 +26,20 @@ def hash_block(parent_hash: bytes, token_ids: list[int], adapter_id: int, cache_
 
 
 def hash_full_blocks(
-    token_ids: list[int], block_size: int, adapter_id: int, start_hashes: list[bytes], num_tokens: int
+    token_ids: list[int], block_size: int, adapter_id: int, start_hashes: list[bytes], num_tokens: int,
+    cache_salt: str | None = None,
 ) -> list[bytes]:
     """Extend `start_hashes` (digests of the first blocks) to cover every full block of
-    `token_ids[:num_tokens]`. Returns a new list; `start_hashes` is not changed."""
+    `token_ids[:num_tokens]`. Returns a new list; `start_hashes` is not changed.
+
+    `cache_salt` (the request's, vLLM's field) goes into the first block's digest only: every
+    later digest chains from it, so requests with different salts share no block and requests
+    with the same salt (or none) share their common full blocks as before."""
     hashes = list(start_hashes)
     parent = hashes[-1] if hashes else ROOT_HASH
     for block_idx in range(len(hashes), num_tokens // block_size):
         start = block_idx * block_size
-        parent = hash_block(parent, token_ids[start:start + block_size], adapter_id)
+        salt = (cache_salt or "") if block_idx == 0 else ""
+        parent = hash_block(parent, token_ids[start:start + block_size], adapter_id, salt)
         hashes.append(parent)
     return hashes

@@ -24,7 +24,8 @@ class BlockPool:
     LRU order (least recently freed first); a free block that still holds a full, hashed block
     stays in the prefix cache until it is handed out again (eviction = reuse). Invariant, checked
     by `check_invariants`: free + used = num_blocks, and ref counts equal the number of holders.
-    Prefix hashes chain (parent digest, block tokens, adapter id); see engine/block_hash.py.
+    Prefix hashes chain (parent digest, block tokens, adapter id; the cache salt in the first
+    block); see engine/block_hash.py.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
@@ -65,7 +66,7 @@ class BlockPool:
         max_blocks = (seq.num_tokens - 1) // self.block_size
         seq.block_hashes = hash_full_blocks(
             seq.token_ids, self.block_size, seq.adapter_id, seq.block_hashes[:max_blocks],
-            max_blocks * self.block_size)
+            max_blocks * self.block_size, seq.cache_salt)
         hits: list[int] = []
         for block_hash in seq.block_hashes[:max_blocks]:
             block_id = self.cached.get(block_hash)
@@ -116,7 +117,8 @@ class BlockPool:
         if num_full == 0:
             return
         seq.block_hashes = hash_full_blocks(
-            seq.token_ids, self.block_size, seq.adapter_id, seq.block_hashes[:num_full], seq.num_computed_tokens)
+            seq.token_ids, self.block_size, seq.adapter_id, seq.block_hashes[:num_full], seq.num_computed_tokens,
+            seq.cache_salt)
         for block_idx in range(num_full):
             block_id = seq.block_table[block_idx]
             if self.hash_of_block[block_id] is not None:

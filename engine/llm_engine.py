@@ -20,12 +20,14 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineStepError, InvalidSamplingParams
 from engine.model_limits import ModelLimits
 from engine.model_runner import ModelRunner
+from engine.output_logprobs import LogprobAligner
 from engine.request import CompletionDelta, EngineRequest, RequestOutput
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import FINISH_REASONS, Sequence, SeqStatus
 from engine.stats import EngineStats
 from engine.structured_output import StructuredOutputManager
+from engine.token_bytes import TokenBytes
 from lora.errors import LoraAdapterNotFound, LoraNotEnabled
 from lora.manager import LoraManager
 from lora.registry import LoraAdapterInfo, LoraRegistry
@@ -35,11 +37,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class RequestState:
-    """Per-request bookkeeping: its sequences, their detokenizers and unsent deltas."""
+    """Per-request bookkeeping: its sequences, their detokenizers, logprob aligners (None without
+    logprobs) and unsent deltas."""
 
     request: EngineRequest
     seqs: list[Sequence]
     detokenizers: list[IncrementalDetokenizer]
+    aligners: list[LogprobAligner] | None = None
     pending: dict[int, CompletionDelta] = field(default_factory=dict)
     grammar_future: Future[Any] | None = None
     error: Exception | None = None   # set when a choice failed; the whole request then ends with it
@@ -65,6 +69,7 @@ class LLMEngine:
         warms it up on a background thread (CPU only)."""
         self.config = config
         self.tokenizer = tokenizer
+        self.token_bytes = TokenBytes(tokenizer)
         self.arch = arch
         self.max_model_len = max_model_len
         self.limits = ModelLimits(arch.vocab_size, max_model_len)
@@ -163,11 +168,13 @@ class LLMEngine:
                 seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
                 token_ids=list(request.prompt_token_ids), num_prompt_tokens=len(request.prompt_token_ids),
                 sampling_params=params, arrival_time=request.arrival_time or time.monotonic(),
-                lora_name=request.lora_name, adapter_id=adapter_id, generator=generator)
+                lora_name=request.lora_name, adapter_id=adapter_id, generator=generator,
+                cache_salt=request.cache_salt)
             seqs.append(seq)
             detoks.append(IncrementalDetokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output,
                                                  params.skip_special_tokens))
-        state = RequestState(request, seqs, detoks)
+        aligners = None if params.logprobs is None else [LogprobAligner(self.token_bytes) for _ in seqs]
+        state = RequestState(request, seqs, detoks, aligners)
         self.requests[request.request_id] = state
         if request.grammar_spec is not None:
             state.grammar_future = self.structured.submit(request.grammar_spec)
@@ -297,21 +304,21 @@ class LLMEngine:
             self.num_generation_tokens += 1
             if self._append_token(state, seq, token_id, None):
                 return
-        self._finish(state, seq, SeqStatus.FINISHED_LENGTH, state.detokenizers[seq.index].flush())
+        self._finish(state, seq, SeqStatus.FINISHED_LENGTH, flush=True)
 
     def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprob: Any) -> bool:
         """Append one token, advance the matcher, detokenize, check stops; True when finished.
 
         EOS and stop_token_ids end the sequence without their text reaching the output, even with
-        skip_special_tokens=False (as in vLLM).
+        skip_special_tokens=False (as in vLLM), and without a logprob entry; the other tokens'
+        entries go out with their text (engine/output_logprobs.py).
         """
         params = seq.sampling_params
         seq.token_ids.append(token_id)
+        aligner = state.aligners[seq.index] if state.aligners is not None else None
         delta = state.pending.setdefault(
-            seq.index, CompletionDelta(seq.index, [], "", [] if logprob is not None else None))
+            seq.index, CompletionDelta(seq.index, [], "", [] if aligner is not None else None))
         delta.token_ids.append(token_id)
-        if logprob is not None and delta.logprobs is not None:
-            delta.logprobs.append(logprob)
         detok = state.detokenizers[seq.index]
         status: SeqStatus | None = None
         text, stop_str = "", None
@@ -327,20 +334,33 @@ class LLMEngine:
         elif token_id in params.stop_token_ids:
             status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, token_id
         else:
+            text_before = len(detok.text)
             text, stop_str = detok.add_tokens([token_id])
+            if aligner is not None and logprob is not None:
+                aligner.add(logprob, detok.text[text_before:])
             if stop_str is not None:
                 status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, stop_str
             elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
                 status = SeqStatus.FINISHED_LENGTH
         delta.text += text
+        if aligner is not None and delta.logprobs is not None:
+            delta.logprobs.extend(aligner.release(text))
         if status is not None:
-            self._finish(state, seq, status, "" if stop_str is not None else detok.flush())
+            self._finish(state, seq, status, flush=stop_str is None)
         return status is not None
 
-    def _finish(self, state: RequestState, seq: Sequence, status: SeqStatus, tail: str) -> None:
-        """End `seq` with `status`, releasing `tail` (the detokenizer's held-back text) last."""
+    def _finish(self, state: RequestState, seq: Sequence, status: SeqStatus, flush: bool) -> None:
+        """End `seq` with `status`; `flush`: release the detokenizer's held-back text last (not
+        after a stop string, which cut the text), and the logprob entries of what was released."""
         delta = state.pending[seq.index]
+        detok = state.detokenizers[seq.index]
+        text_before = len(detok.text)
+        tail = detok.flush() if flush else ""
         delta.text += tail
+        if state.aligners is not None and delta.logprobs is not None:
+            aligner = state.aligners[seq.index]
+            aligner.add_text(detok.text[text_before:])
+            delta.logprobs.extend(aligner.finish(tail))
         self.scheduler.finish(seq, status)
         delta.finish_reason = FINISH_REASONS[status]
         delta.stop_reason = seq.stop_reason

@@ -18,6 +18,8 @@ class EngineRequest:
     the grammar; finish_reason stays "length". Ignored without a grammar or with logprobs.
     `prompt_param`: the request field the prompt came from ("messages", "prompt[1]", "input"),
     named by the 400s of `LLMEngine.validate` about the prompt.
+    `cache_salt`: requests share prefix-cache blocks only with requests of the same salt (None:
+    with every other request without one); see engine/block_hash.py.
     """
 
     request_id: str
@@ -28,23 +30,34 @@ class EngineRequest:
     arrival_time: float = 0.0
     close_grammar: bool = False
     prompt_param: str = "prompt"
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
-    """Logprob of one generated token (after masking/penalties, before temperature) and its top alternatives."""
+    """Logprob of one generated token (after penalties, logit_bias and the grammar mask, before
+    temperature) and its top alternatives.
+
+    The sampler fills the first three fields; the engine fills the last two as it releases the
+    entry with its text (engine/output_logprobs.py): `text_bytes` is this token's part of the
+    returned text (its whole bytes, or the part before the cut where the text ends inside it),
+    `top_bytes` the vocabulary bytes of each `top` token.
+    """
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)   # (token_id, logprob), best first
+    text_bytes: bytes | None = None
+    top_bytes: tuple[bytes, ...] = ()
 
 
 @dataclass(slots=True)
 class CompletionDelta:
     """What is new for one choice (`index` in 0..n-1) since the previous RequestOutput.
 
-    `text` is the newly released text (stop strings withheld or cut); `finish_reason` is set
-    once: "stop", "length", or "abort".
+    `text` is the newly released text (stop strings withheld or cut); `logprobs` (when requested)
+    lists exactly the tokens whose text `text` completes, in order (never EOS or a stop token; see
+    engine/output_logprobs.py); `finish_reason` is set once: "stop", "length", or "abort".
     """
 
     index: int

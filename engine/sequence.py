@@ -56,6 +56,7 @@ class Sequence:
     arrival_time: float
     lora_name: str | None = None
     adapter_id: int = 0
+    cache_salt: str | None = None        # the request's prefix-cache salt (engine/block_hash.py)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     status: SeqStatus = SeqStatus.WAITING

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from api.protocol.logprobs_content import ContentLogprobs
 from api.protocol.logprobs_output import LogprobFormatter
 from api.chat.protocol import (
     ChatCompletion,
@@ -80,14 +81,27 @@ async def chat_chunks(
         if tool_calling
         else None
     )
+    contents = None
+    if tool_calling and options.logprobs:
+        contents = [ContentLogprobs(fmt.token_bytes) for _ in range(options.n)]
     last: RequestOutput | None = None
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for _, out in outputs:
             running = usage_of(out) if options.continuous_usage else None
             for delta in out.deltas:
-                logprobs = fmt.chat(delta.logprobs) if options.logprobs else None
                 stream = streams[delta.index] if streams is not None else None
-                for i, message in enumerate(_delta_messages(stream, delta, logprobs)):
+                messages = _delta_messages(stream, delta)
+                logprobs = None
+                if options.logprobs:
+                    entries = delta.logprobs or []
+                    if contents is not None:
+                        text = "".join(m.content or "" for m in messages)
+                        final = delta.finish_reason is not None
+                        entries = contents[delta.index].read(entries, text, final)
+                    logprobs = fmt.chat(entries)
+                if not messages and logprobs is not None and logprobs.content:
+                    messages = [DeltaMessage(content="")]    # the entries of text released earlier
+                for i, message in enumerate(messages):
                     yield chunk(delta.index, message, logprobs if i == 0 else None, usage=running)
                 if delta.finish_reason is not None:
                     reason = delta.finish_reason
@@ -101,18 +115,12 @@ async def chat_chunks(
         )
 
 
-def _delta_messages(
-    stream: ToolCallDeltas | None, delta: CompletionDelta, logprobs: ChoiceLogprobs | None
-) -> list[DeltaMessage]:
-    """The deltas to send for one engine delta (one carrying only logprobs when the text is held)."""
+def _delta_messages(stream: ToolCallDeltas | None, delta: CompletionDelta) -> list[DeltaMessage]:
+    """The deltas to send for one engine delta."""
     if stream is not None:
-        messages = stream.deltas(delta.text, final=delta.finish_reason is not None,
-                                 cut=delta.finish_reason == "length")
-    else:
-        messages = [DeltaMessage(content=delta.text)] if delta.text else []
-    if not messages and logprobs is not None and logprobs.content:
-        messages = [DeltaMessage(content="")]
-    return messages
+        return stream.deltas(delta.text, final=delta.finish_reason is not None,
+                             cut=delta.finish_reason == "length")
+    return [DeltaMessage(content=delta.text)] if delta.text else []
 
 
 async def chat_completion(
@@ -135,10 +143,23 @@ async def chat_completion(
         _whole_choice(i, "".join(texts[i]), finish_reasons[i], options) for i in range(options.n)
     ]
     if options.logprobs:
-        choices = [c.model_copy(update={"logprobs": fmt.chat(logprobs[c.index])}) for c in choices]
+        choices = [
+            c.model_copy(update={"logprobs": fmt.chat(_content_entries(options, fmt, logprobs[c.index], c))})
+            for c in choices
+        ]
     return ChatCompletion(
         id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage_of(last)
     )
+
+
+def _content_entries(
+    options: ChatOutputOptions, fmt: LogprobFormatter, entries: list[TokenLogprob],
+    choice: ChatCompletionChoice,
+) -> list[TokenLogprob]:
+    """A whole choice's logprob entries: all of them, or with tool calling those of its content only."""
+    if options.tool_calling is None:
+        return entries
+    return ContentLogprobs(fmt.token_bytes).read(entries, choice.message.content or "", final=True)
 
 
 def _whole_choice(

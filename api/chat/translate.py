@@ -45,5 +45,6 @@ def translate(body: ChatCompletionRequest, adapter: str | None) -> ChatRequest:
             add_special_tokens=bool(body.add_special_tokens),
         ),
         adapter=adapter,
+        cache_salt=body.cache_salt,
     )
     return ChatRequest(inputs, num_logprobs, bool(body.stream), body.include_usage(), body.continuous_usage())

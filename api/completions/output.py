@@ -72,9 +72,9 @@ async def completion_chunks(
             running = total_usage(latest) if options.continuous_usage else None
             for delta in out.deltas:
                 index = p * options.n + delta.index
-                offset = offsets.get(index, 0)
+                offset = offsets.get(index, 0)   # where this delta's first logprob token starts
                 logprobs = fmt.completion(delta.logprobs, offset) if options.logprobs else None
-                offsets[index] = offset + len(delta.text)
+                offsets[index] = offset + fmt.text_length(delta.logprobs or [])
                 if delta.text or delta.finish_reason or (logprobs is not None and logprobs.tokens):
                     yield chunk(index, delta.text, logprobs, delta.finish_reason, running)
     if options.include_usage and latest:

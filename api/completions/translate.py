@@ -61,6 +61,7 @@ def engine_requests(
                 time.monotonic(),
                 close_grammar=grammar is not None and target.close_grammar,
                 prompt_param="prompt" if len(prompts) == 1 else f"prompt[{i}]",
+                cache_salt=body.cache_salt,
             )
         )
     return requests

@@ -113,7 +113,8 @@ class GenerationInputs:
     `output_format`: the grammar of response_format / structured_outputs / text.format (None: free
     text). `sampling.max_tokens` is the requested output budget (None: what the prompt leaves of
     the context; the engine checks it against the context, `LLMEngine.validate`).
-    `adapter`: the LoRA adapter name (None: the base model).
+    `adapter`: the LoRA adapter name (None: the base model). `cache_salt`: the prefix-cache salt
+    (vLLM's field; None: none), see EngineRequest.
     """
 
     messages: tuple[Message, ...]
@@ -123,3 +124,4 @@ class GenerationInputs:
     grammar_options: GrammarOptions | None = None
     render: RenderOptions = field(default_factory=RenderOptions)
     adapter: str | None = None
+    cache_salt: str | None = None

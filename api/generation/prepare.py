@@ -46,5 +46,6 @@ async def prepare(tokenizer: Any, config: ServerConfig, request_id: str, inputs:
         time.monotonic(),
         close_grammar=constraints.close_grammar,
         prompt_param=inputs.render.prompt_param,
+        cache_salt=inputs.cache_salt,
     )
     return Generation(engine_request, constraints)

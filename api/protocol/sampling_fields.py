@@ -44,6 +44,7 @@ class SamplingFields(RequestModel):
     skip_special_tokens: bool | None = None
     add_special_tokens: bool | None = None
     structured_outputs: StructuredOutputs | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)   # see engine/block_hash.py
 
     @field_validator("logit_bias")
     @classmethod

@@ -5,13 +5,17 @@ have the same items for the same engine deltas. Items are opened in output order
 closed before the next one opens: text becomes a `message` item (one output_text part), each
 parsed tool call a `function_call` item. Text written after a call opens a new message item.
 Every item gets its added ... done events, also one that ends with no delta; a response with no
-output at all gets one empty message, so that it always has an item.
+output at all gets one empty message, so that it always has an item. With logprobs, each
+output_text delta carries the entries of the tokens it completes and the part (and its done event)
+all of them; with tool calls, as in chat, only the content's tokens up to the first call have any
+(api/protocol/logprobs_content.py).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from api.responses.protocol.events import (
     ContentPartEvent,
@@ -25,6 +29,9 @@ from api.responses.protocol.events import (
 from api.responses.protocol.objects import FunctionCall, ItemStatus, OutputItem, OutputMessage, OutputText
 from api.generation.constraints import ToolCalling
 from api.generation.reader import OutputReader, Read, ToolCallObserver
+from api.protocol.logprobs_content import ContentLogprobs
+from api.protocol.logprobs_output import LogprobFormatter
+from engine import TokenLogprob
 from toolparsers import ToolCall
 
 
@@ -46,6 +53,7 @@ class _OpenMessage:
     id: str
     output_index: int
     texts: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -59,7 +67,8 @@ class ResponseOutputBuilder:
     """The output of one response: `feed` every engine text delta, then `finish` once.
 
     `tool_calling` None: all text is message content. Otherwise text goes through an OutputReader,
-    whose whole calls become function_call items (and reach `on_tool_calls`).
+    whose whole calls become function_call items (and reach `on_tool_calls`). `logprobs`: formats
+    the output_text logprobs (None: none requested, the lists stay empty).
     """
 
     def __init__(
@@ -67,19 +76,32 @@ class ResponseOutputBuilder:
         tool_calling: ToolCalling | None,
         counter: EventCounter,
         on_tool_calls: ToolCallObserver | None = None,
+        logprobs: LogprobFormatter | None = None,
     ) -> None:
         self.items: list[OutputItem] = []
         self._seq = counter
         self._reader = OutputReader(tool_calling, on_tool_calls)
         self._open: _OpenMessage | _OpenCall | None = None
+        self._fmt = logprobs
+        self._content = (ContentLogprobs(logprobs.token_bytes)
+                         if logprobs is not None and tool_calling is not None else None)
+        self._logprobs: list[dict[str, Any]] = []   # entries not yet sent with a text delta
 
-    def feed(self, text: str, final: bool = False, cut: bool = False) -> list[StreamEvent]:
+    def feed(
+        self, text: str, final: bool = False, cut: bool = False, logprobs: list[TokenLogprob] | None = None
+    ) -> list[StreamEvent]:
         """Events for the next text delta (`final`: the last one; the parser flushes what it holds;
-        `cut`: it stopped at max_output_tokens, so a partial call it holds is dropped)."""
-        events = self._read(self._reader.feed(text))
+        `cut`: it stopped at max_output_tokens, so a partial call it holds is dropped); `logprobs`:
+        the engine's entries released with `text`."""
+        reads = [self._reader.feed(text)]
         if final:
-            events.extend(self._read(self._reader.finish(cut)))
-        return events
+            reads.append(self._reader.finish(cut))
+        if self._fmt is not None:
+            entries = logprobs or []
+            if self._content is not None:
+                entries = self._content.read(entries, "".join(r.content for r in reads), final)
+            self._logprobs.extend(e.model_dump(mode="json") for e in self._fmt.chat_entries(entries))
+        return [event for read in reads for event in self._read(read)]
 
     def finish(self, incomplete: bool = False) -> list[StreamEvent]:
         """Close the open item (status "incomplete" when the output was cut); add an empty message
@@ -107,6 +129,8 @@ class ResponseOutputBuilder:
         message = self._open
         assert isinstance(message, _OpenMessage)
         message.texts.append(text)
+        logprobs, self._logprobs = self._logprobs, []
+        message.logprobs.extend(logprobs)
         events.append(
             OutputTextDelta(
                 sequence_number=self._seq.next(),
@@ -114,6 +138,7 @@ class ResponseOutputBuilder:
                 output_index=message.output_index,
                 content_index=0,
                 delta=text,
+                logprobs=logprobs,
             )
         )
         return events
@@ -189,7 +214,7 @@ class ResponseOutputBuilder:
 
     def _close_message(self, message: _OpenMessage, status: ItemStatus) -> list[StreamEvent]:
         text = "".join(message.texts)
-        part = OutputText(text=text)
+        part = OutputText(text=text, logprobs=message.logprobs)
         item = OutputMessage(id=message.id, status=status, content=[part])
         self.items.append(item)
         item_id, output_index = message.id, message.output_index
@@ -200,6 +225,7 @@ class ResponseOutputBuilder:
                 output_index=output_index,
                 content_index=0,
                 text=text,
+                logprobs=message.logprobs,
             ),
             ContentPartEvent(
                 type="response.content_part.done",

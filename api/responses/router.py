@@ -34,6 +34,7 @@ from api.streaming.respond import respond
 from api.streaming.sse import sse_typed_events
 from api.observability.stream_tracker import track
 from api.observability.tool_call_metrics import tool_call_counter
+from api.protocol.logprobs_output import LogprobFormatter
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -66,6 +67,7 @@ async def create_response(request: Request, context: Context, responses: Respons
         tool_calling=generation.constraints.tool_calling,
         store=responses.store if body.store is not False else None,
         on_tool_calls=tool_call_counter(request, generation.constraints.tool_calling),
+        logprobs=LogprobFormatter(engine.tokenizer) if body.logprobs() is not None else None,
     )
     if body.background:
         # Built now, so the engine refuses it now (400 / 429 / 500): a queued answer could not be taken back.

@@ -26,6 +26,7 @@ from api.responses.protocol.request import ResponsesRequest
 from api.responses.store import TERMINAL_STATUSES, ResponsesStore, StoredResponse
 from api.generation.reader import ToolCallObserver
 from api.generation.constraints import ToolCalling
+from api.protocol.logprobs_output import LogprobFormatter
 from engine import RequestOutput
 
 def initial_response(body: ResponsesRequest, response_id: str, model: str) -> ResponseObject:
@@ -50,6 +51,7 @@ def initial_response(body: ResponsesRequest, response_id: str, model: str) -> Re
         else choice or "auto",
         tools=[tool.model_dump() for tool in body.tools or []],
         top_p=1.0 if body.top_p is None else body.top_p,
+        top_logprobs=body.top_logprobs or 0,
         user=body.user,
         metadata=body.metadata or {},
     )
@@ -71,13 +73,15 @@ def usage_of(out: RequestOutput | None) -> ResponseUsage | None:
 class ResponseRun:
     """A response being produced: its initial object, its normalized input items as one JSON
     array (what input_items lists), how its output is parsed, and the store (None: `store` false).
-    `on_tool_calls` sees the parsed tool calls (metrics)."""
+    `on_tool_calls` sees the parsed tool calls (metrics); `logprobs` formats output_text logprobs
+    (None: not requested)."""
 
     initial: ResponseObject
     input_items_json: str
     tool_calling: ToolCalling | None
     store: ResponsesStore | None
     on_tool_calls: ToolCallObserver | None = None
+    logprobs: LogprobFormatter | None = None
 
     def snapshot(
         self,

@@ -46,7 +46,8 @@ async def _item_events(
         async for _, out in outputs:
             for delta in out.deltas:
                 final = delta.finish_reason is not None
-                for event in builder.feed(delta.text, final, cut=delta.finish_reason == "length"):
+                cut = delta.finish_reason == "length"
+                for event in builder.feed(delta.text, final, cut, delta.logprobs):
                     yield event
                 progress.finish_reason = delta.finish_reason or progress.finish_reason
             progress.last = out
@@ -56,7 +57,7 @@ async def _item_events(
 
 async def whole_response(outputs: Outputs, run: ResponseRun) -> ResponseObject:
     """Gather the outputs into the finished response object (stored when `store` is true)."""
-    builder = ResponseOutputBuilder(run.tool_calling, EventCounter(), run.on_tool_calls)
+    builder = ResponseOutputBuilder(run.tool_calling, EventCounter(), run.on_tool_calls, run.logprobs)
     progress = _Progress()
     async for _ in _item_events(outputs, builder, progress):
         pass
@@ -68,7 +69,7 @@ async def whole_response(outputs: Outputs, run: ResponseRun) -> ResponseObject:
 async def response_events(outputs: Outputs, run: ResponseRun) -> AsyncIterator[StreamEvent]:
     """The events of a streamed response, numbered 0, 1, 2, ... (see the module docstring)."""
     counter = EventCounter()
-    builder = ResponseOutputBuilder(run.tool_calling, counter, run.on_tool_calls)
+    builder = ResponseOutputBuilder(run.tool_calling, counter, run.on_tool_calls, run.logprobs)
     progress = _Progress()
     started = run.snapshot("in_progress")
     yield ResponseLifecycleEvent(type="response.created", sequence_number=counter.next(), response=started)

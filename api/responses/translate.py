@@ -86,6 +86,7 @@ def translate(
         seed=body.seed,
         max_tokens=body.max_output_tokens,
         stop=tuple(body.stop_list()),
+        logprobs=body.logprobs(),
     )
     inputs = GenerationInputs(
         messages=messages,
@@ -94,6 +95,7 @@ def translate(
         output_format=_format(body),
         render=RenderOptions(prompt_param="input"),
         adapter=adapter,
+        cache_salt=body.cache_salt,
     )
     return ResponsesInputs(inputs, input_items)
 

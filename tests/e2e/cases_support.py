@@ -378,6 +378,20 @@ def sdk_stream(client, **kwargs) -> dict[str, Any]:
     return out
 
 
+def straddling_stop(tokens: list[str]) -> str:
+    """A substring of "".join(tokens) that starts after the first character of one token and ends
+    before the last character of a later one, occurring first where it starts."""
+    text = "".join(tokens)
+    starts = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    for i in range(1, len(tokens) - 2):
+        j = i + 2
+        if len(tokens[i]) >= 2 and len(tokens[j]) >= 2:
+            stop = text[starts[i] + 1: starts[j] + 1]
+            if text.index(stop) == starts[i] + 1:
+                return stop
+    raise AssertionError(f"no token pair to straddle in {tokens}")
+
+
 def message_calls(message) -> list[tuple[str, Any]]:
     """(name, parsed arguments) of a whole message's tool calls (SDK object)."""
     return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]

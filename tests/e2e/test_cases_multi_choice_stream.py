@@ -83,7 +83,9 @@ def test_case038_one_finish_and_role_per_choice_usage_summed(batch):
     assert not choice_problems(stream, 3), choice_problems(stream, 3)
     usage = usage_of(stream)
     num_logprobs = sum(len(c.logprobs.content or []) for chunk in stream for c in chunk.choices if c.logprobs)
-    assert usage.completion_tokens == num_logprobs, (usage, num_logprobs)
+    num_stops = sum(c.finish_reason == "stop" for chunk in stream for c in chunk.choices)
+    # every token has a logprob entry but the end-of-turn token that ends a choice with "stop"
+    assert usage.completion_tokens == num_logprobs + num_stops, (usage, num_logprobs, num_stops)
     single = batch["038/n1"]
     assert single.status_code == 200, single.text
     single = single.json()
@@ -107,13 +109,15 @@ def test_case038_one_finish_and_role_per_choice_usage_summed(batch):
 
 def test_case038_neighbours_completions_choices(batch):
     """Completions streams: n=3 and two prompts times n=2 (indices 0..3): one finish per choice,
-    nothing after it, one usage chunk whose completion_tokens count every choice's tokens."""
+    nothing after it, one usage chunk whose completion_tokens count every choice's tokens (each
+    with a logprob entry but an ending EOS)."""
     for name, n in (("038n/cmpl", 3), ("038n/cmpl_batch", 4)):
         chunks = batch[name]
         assert not choice_problems(chunks, n, chat=False), (name, choice_problems(chunks, n, chat=False))
         usage = usage_of(chunks)
         num_tokens = sum(len(c.logprobs.tokens or []) for chunk in chunks for c in chunk.choices if c.logprobs)
-        assert usage.completion_tokens == num_tokens, (name, usage, num_tokens)
+        num_stops = sum(c.finish_reason == "stop" for chunk in chunks for c in chunk.choices)
+        assert usage.completion_tokens == num_tokens + num_stops, (name, usage, num_tokens, num_stops)
     texts = ["".join(c.text for chunk in batch["038n/cmpl_batch"] for c in chunk.choices if c.index == i)
              for i in range(4)]
     assert texts[0] == texts[1] and texts[2] == texts[3], texts

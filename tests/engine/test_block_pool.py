@@ -5,10 +5,11 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 
-def make_seq(seq_id: int, tokens: list[int], adapter_id: int = 0) -> Sequence:
+def make_seq(seq_id: int, tokens: list[int], adapter_id: int = 0,
+             cache_salt: str | None = None) -> Sequence:
     return Sequence(seq_id=seq_id, request_id=f"r{seq_id}", index=0, token_ids=list(tokens),
                     num_prompt_tokens=len(tokens), sampling_params=SamplingParams(), arrival_time=0.0,
-                    adapter_id=adapter_id)
+                    adapter_id=adapter_id, cache_salt=cache_salt)
 
 
 def run_prefill(pool: BlockPool, seq: Sequence) -> None:
@@ -53,6 +54,19 @@ def test_adapter_id_isolates_prefix_cache():
     run_prefill(pool, make_seq(0, list(range(9)), adapter_id=1))
     assert pool.find_cached_prefix(make_seq(1, list(range(9)), adapter_id=2)) == []
     assert len(pool.find_cached_prefix(make_seq(2, list(range(9)), adapter_id=1))) == 2
+
+
+def test_cache_salt_isolates_prefix_cache():
+    """Different salts (or salt vs none) share no block; the same salt shares every full block."""
+    pool = BlockPool(num_blocks=32, block_size=4)
+    prompt = list(range(13))
+    run_prefill(pool, make_seq(0, prompt, cache_salt="tenant-a"))
+    assert pool.find_cached_prefix(make_seq(1, prompt, cache_salt="tenant-b")) == []
+    assert pool.find_cached_prefix(make_seq(2, prompt)) == []
+    assert len(pool.find_cached_prefix(make_seq(3, prompt, cache_salt="tenant-a"))) == 3
+    run_prefill(pool, make_seq(4, prompt))
+    assert len(pool.find_cached_prefix(make_seq(5, prompt))) == 3
+    assert pool.find_cached_prefix(make_seq(6, prompt, cache_salt="tenant-b")) == []
 
 
 def test_freed_cached_blocks_are_revived_then_evicted_lru():

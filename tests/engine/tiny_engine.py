@@ -31,12 +31,14 @@ def load_tiny_folder(folder: Path) -> tuple[Any, Any]:
     return model, dataclasses.replace(arch, eos_token_ids=(EOS,))
 
 
-def make_engine(tiny: tuple[Any, ...], num_blocks: int = 64, **overrides: Any) -> LLMEngine:
+def make_engine(tiny: tuple[Any, ...], num_blocks: int = 64, tokenizer: Any = None, **overrides: Any) -> LLMEngine:
     """An LLMEngine over `tiny` = (model, arch) or (model, arch, its CompiledDecode, ready) with
-    `num_blocks` KV blocks of 16 tokens; `overrides` go to EngineConfig."""
+    `num_blocks` KV blocks of 16 tokens; `tokenizer` defaults to the byte tokenizer (EOS 255);
+    `overrides` go to EngineConfig."""
     model, arch = tiny[:2]
     compiled = tiny[2] if len(tiny) > 2 else None
     per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
     config = EngineConfig(kv_cache_memory_bytes=num_blocks * per_block, **overrides)
-    return LLMEngine(config, model, arch, ByteTokenizer(eos_token_id=EOS), torch.device("cpu"), torch.float32,
+    tokenizer = tokenizer if tokenizer is not None else ByteTokenizer(eos_token_id=EOS)
+    return LLMEngine(config, model, arch, tokenizer, torch.device("cpu"), torch.float32,
                      MAX_MODEL_LEN, compiled_decode=compiled)

@@ -1,11 +1,12 @@
-"""The POST /v1/responses request body: OpenAI fields verbatim, plus `stop` and `seed` (vLLM).
+"""The POST /v1/responses request body: OpenAI fields verbatim, plus `stop`, `seed` and `cache_salt` (vLLM).
 
 Served: model, input, instructions, tools (function), tool_choice, parallel_tool_calls,
 text.format, max_output_tokens, temperature, top_p, metadata, store, previous_response_id,
-stream, background, user. Accepted and ignored (no effect on a self-hosted text model): include,
-truncation, reasoning, service_tier, prompt_cache_*, safety_identifier, stream_options,
-text.verbosity. A 400 naming the field: unknown fields, non-function tools and tool choices,
-and, when set, conversation, prompt, context_management, max_tool_calls and top_logprobs > 0.
+stream, background, user, top_logprobs and include's "message.output_text.logprobs" (either one
+asks for logprobs on output_text). Accepted and ignored (no effect on a self-hosted text model):
+the other include values, truncation, reasoning, service_tier, prompt_cache_*, safety_identifier,
+stream_options, text.verbosity. A 400 naming the field: unknown fields, non-function tools and tool
+choices, and, when set, conversation, prompt, context_management and max_tool_calls.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel, RequestModel
-from api.protocol.validators import Stop, not_supported, reject_type, reject_when_set, type_of
+from api.protocol.validators import Stop, reject_type, reject_when_set, type_of
 from api.responses.protocol.items import InputItem
 
 _MAX_METADATA_PAIRS = 16
@@ -159,6 +160,7 @@ class ResponsesRequest(RequestModel):
     # vLLM extensions
     stop: Stop = None
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    cache_salt: str | None = Field(default=None, min_length=1)   # see engine/block_hash.py
 
     @field_validator("metadata")
     @classmethod
@@ -167,16 +169,16 @@ class ResponsesRequest(RequestModel):
             raise PydanticCustomError("invalid_value", "metadata holds at most 16 key-value pairs")
         return value
 
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise not_supported("top_logprobs")
-        return value
-
     _unsupported = field_validator("max_tool_calls", "conversation", "prompt", "context_management")(
         reject_when_set
     )
+
+    def logprobs(self) -> int | None:
+        """Alternatives per output_text token (`top_logprobs`, default 0) when logprobs are asked
+        for, by include "message.output_text.logprobs" or by top_logprobs > 0; else None."""
+        if "message.output_text.logprobs" in (self.include or []) or self.top_logprobs:
+            return self.top_logprobs or 0
+        return None
 
     def stop_list(self) -> tuple[str, ...]:
         """`stop` as a tuple (a single string becomes one element)."""

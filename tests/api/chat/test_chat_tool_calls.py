@@ -252,14 +252,18 @@ async def test_sdk_stream_helper_accumulates_calls(client: openai.AsyncOpenAI, e
 
 
 async def test_logprobs_with_tool_calls(engine: FakeEngine, app: FastAPI) -> None:
+    """With a call, content logprobs list the content's tokens only (api/protocol/logprobs_content.py),
+    streamed and whole; the call's markup and arguments have none."""
     play(engine, "Hi " + call_text("get_time", {}))
+    body = chat_body(tools=TOOLS, logprobs=True, max_tokens=100)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
-        response = await http.post(
-            "/v1/chat/completions", json=chat_body(tools=TOOLS, stream=True, logprobs=True, max_tokens=100)
-        )
-    events = sse_json(response.text)
-    num_tokens = sum(
-        len(e["choices"][0]["logprobs"]["content"]) for e in events if e["choices"][0]["logprobs"]
-    )
-    assert num_tokens == len("Hi " + call_text("get_time", {}))
+        streamed = await http.post("/v1/chat/completions", json={**body, "stream": True})
+        whole = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]
+    events = sse_json(streamed.text)
+    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+    tokens = [t["token"] for e in events if e["choices"] and e["choices"][0]["logprobs"]
+              for t in e["choices"][0]["logprobs"]["content"]]
+    assert content.strip() == "Hi" and "".join(tokens) == content, (content, tokens)
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert [t["token"] for t in whole["logprobs"]["content"]] == tokens
+    assert whole["message"]["content"] == content and whole["finish_reason"] == "tool_calls"

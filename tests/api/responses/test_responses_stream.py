@@ -176,3 +176,39 @@ async def test_failure_mid_stream_is_error_then_failed(client: httpx.AsyncClient
 async def test_errors_before_the_stream_are_http_errors(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/responses", json={"input": "x" * 5000, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_output_text_logprobs_stream_equals_whole(client: httpx.AsyncClient,
+                                                        engine: FakeEngine) -> None:
+    """include message.output_text.logprobs: every delta carries its tokens' entries, their tokens
+    join to the text, and the part lists them all, streamed and whole; top_logprobs sets the
+    alternatives and is echoed."""
+    fields = {"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 1}
+    events = await stream(client, **fields)
+    assert engine.requests[-1].sampling_params.logprobs == 1
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert all("".join(lp["token"] for lp in e["logprobs"]) == e["delta"] for e in deltas)
+    streamed = [lp for e in deltas for lp in e["logprobs"]]
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == streamed and len(streamed) == len("Hello world!")
+    assert all(len(lp["top_logprobs"]) == 1 for lp in streamed)
+    body = await whole(client, **fields)
+    assert body["top_logprobs"] == 1
+    assert body["output"][0]["content"][0]["logprobs"] == streamed
+    plain = await whole(client, input="x")
+    assert engine.requests[-1].sampling_params.logprobs is None
+    assert plain["output"][0]["content"][0]["logprobs"] == []
+
+
+async def test_output_text_logprobs_with_a_call_cover_the_text_only(client: httpx.AsyncClient,
+                                                                  engine: FakeEngine) -> None:
+    """As in chat: the message's logprobs are its text's tokens; the call's markup has none."""
+    play(engine, "Sure.\n" + call_text("get_weather", {"city": "Paris"}))
+    fields = {"input": "x", "tools": [GET_WEATHER], "include": ["message.output_text.logprobs"]}
+    streamed = [e["item"] for e in await stream(client, **fields) if e["type"] == "response.output_item.done"]
+    for output in ((await whole(client, **fields))["output"], streamed):
+        message, call = output
+        assert call["type"] == "function_call" and call["name"] == "get_weather"
+        part = message["content"][0]
+        assert part["text"].strip() == "Sure."
+        assert "".join(lp["token"] for lp in part["logprobs"]) == part["text"]

@@ -63,7 +63,6 @@ async def test_unsupported_tool_choice_and_unknown_fields_are_400(client: httpx.
         ("conversation", "conv_1"),
         ("prompt", {"id": "p"}),
         ("max_tool_calls", 2),
-        ("top_logprobs", 3),
     ]:
         r = await post(client, input="x", **{field: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
