@@ -299,6 +299,7 @@ class LLMEngine:
         plan = self.structured.closing_tokens(seq.matcher, budget)
         if plan is None:
             return
+        state.pending[seq.index].closed = True   # the token just sampled made this choice's delta
         for token_id in plan:
             self.num_generation_tokens += 1
             if self._append_token(state, seq, token_id, None):
@@ -309,9 +310,11 @@ class LLMEngine:
         """Append one token, advance the matcher, detokenize, check stops; True when finished.
 
         EOS and stop_token_ids end the sequence without their text reaching the output, even with
-        skip_special_tokens=False (as in vLLM).
+        skip_special_tokens=False (as in vLLM). A stop token id or stop string ends it only where
+        its grammar could end the output (`_stop_allowed`); elsewhere the token is ordinary text.
         """
         params = seq.sampling_params
+        stop_allowed = self._stop_allowed(seq)   # before the matcher takes the token
         seq.token_ids.append(token_id)
         delta = state.pending.setdefault(
             seq.index, CompletionDelta(seq.index, [], "", [] if logprob is not None else None))
@@ -330,10 +333,10 @@ class LLMEngine:
             status = SeqStatus.FINISHED_ERROR
         elif token_id in self.eos_token_ids and not params.ignore_eos:
             status = SeqStatus.FINISHED_STOPPED
-        elif token_id in params.stop_token_ids:
+        elif token_id in params.stop_token_ids and stop_allowed:
             status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, token_id
         else:
-            text, stop_str = detok.add_tokens([token_id])
+            text, stop_str = detok.add_tokens([token_id], stop_allowed)
             if stop_str is not None:
                 status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, stop_str
             elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
@@ -342,6 +345,22 @@ class LLMEngine:
         if status is not None:
             self._finish(state, seq, status, "" if stop_str is not None else detok.flush())
         return status is not None
+
+    @staticmethod
+    def _stop_allowed(seq: Sequence) -> bool:
+        """Whether a stop string or stop token id may end `seq` at its next token: always without a
+        grammar; with one, only where the grammar could end the output now (`Matcher.is_accepting`).
+
+        The rule for stops inside a constrained region (a forced tool call, a triggered call in
+        "auto" from its trigger to its end, a json_schema document): they are not matched there,
+        since cutting there could only return output the grammar refuses (a call or document that
+        does not parse). vLLM and SGLang match stops anywhere and return the cut text; here the
+        output stays valid by construction and finish_reason tells what ended it.
+        """
+        params = seq.sampling_params
+        if seq.matcher is None or not (params.stop or params.stop_token_ids):
+            return True
+        return seq.matcher.is_accepting()
 
     def _finish(self, state: RequestState, seq: Sequence, status: SeqStatus, tail: str) -> None:
         """End `seq` with `status`, releasing `tail` (the detokenizer's held-back text) last."""
