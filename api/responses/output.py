@@ -73,12 +73,18 @@ class ResponseOutputBuilder:
         self._reader = OutputReader(tool_calling, on_tool_calls)
         self._open: _OpenMessage | _OpenCall | None = None
 
-    def feed(self, text: str, final: bool = False, cut: bool = False) -> list[StreamEvent]:
-        """Events for the next text delta (`final`: the last one; the parser flushes what it holds;
-        `cut`: it stopped at max_output_tokens, so a partial call it holds is dropped)."""
+    @property
+    def finish_reason(self) -> str | None:
+        """How the output ended (the reader's decision, `api/generation/ending.py`); None until the
+        last delta was fed."""
+        return self._reader.finish_reason
+
+    def feed(self, text: str, engine_reason: str | None = None, closed: bool = False) -> list[StreamEvent]:
+        """Events for the next text delta; with `engine_reason` (the last one: "stop" or "length",
+        `closed` by the grammar closing) the reader also flushes what it holds and decides."""
         events = self._read(self._reader.feed(text))
-        if final:
-            events.extend(self._read(self._reader.finish(cut)))
+        if engine_reason is not None:
+            events.extend(self._read(self._reader.finish(engine_reason, closed)))
         return events
 
     def finish(self, incomplete: bool = False) -> list[StreamEvent]:
