@@ -227,3 +227,14 @@ async def sdk_client(app: Any) -> AsyncIterator[Any]:
         base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0
     ) as client:
         yield client
+
+
+def anthropic_client(app: Any, api_key: str = "x") -> Any:
+    """The official `anthropic.AsyncAnthropic` client talking to `app` over ASGI, without retries
+    (the SDK's HTTP package is httpx2, httpx's successor)."""
+    import anthropic
+    import httpx2
+
+    http_client = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test")
+    return anthropic.AsyncAnthropic(base_url="http://test", api_key=api_key, http_client=http_client,
+                                    max_retries=0)

@@ -5,19 +5,15 @@ LLMEngine over a tiny random Llama with SmolLM2's vocabulary and tokenizer (cons
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from tiny_engine import load_tiny_folder, make_engine
+from tiny_engine import load_tiny_folder, make_engine, make_smollm2_vocab_engine
 
 from engine.compiled_decode import CompiledDecode
-from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.model_loader import load_model_weights
-from engine.model_runner import kv_block_bytes
 from tests.conftest import save_tiny_model
 
 
@@ -42,14 +38,8 @@ def compiled_tiny(tmp_path_factory) -> tuple[Any, Any, CompiledDecode]:
 
 @pytest.fixture
 def smollm2_vocab_engine(tiny_model_dir, smollm2_tokenizer, one_torch_thread) -> Iterator[LLMEngine]:
-    """An LLMEngine over a tiny random Llama with SmolLM2's 49k vocabulary (so its strings ramble)
-    and SmolLM2's tokenizer (EOS 2), 96 KV blocks, max_model_len 256; its grammar threads are
-    closed after the test."""
+    """`tiny_engine.make_smollm2_vocab_engine` for one test; its grammar threads are closed after it."""
     folder, _ = tiny_model_dir("LlamaForCausalLM", vocab_size=49152)
-    model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), 256)
-    arch = dataclasses.replace(arch, eos_token_ids=(2,))
-    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
-    config = EngineConfig(kv_cache_memory_bytes=96 * per_block)
-    llm = LLMEngine(config, model, arch, smollm2_tokenizer, torch.device("cpu"), torch.float32, 256)
+    llm = make_smollm2_vocab_engine(folder, smollm2_tokenizer)
     yield llm
     llm.structured.close()
