@@ -15,12 +15,15 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import pytest
-from api_support import FakeEngine, anthropic_client, sdk_client
+from api_support import FakeEngine, anthropic_client, sdk_client, sse_events
 from fastapi import FastAPI
 
 from api.app import create_app
 from api.config import ServerConfig
+from api.errors import RequestAborted
+from engine.errors import RequestTimedOut
 from engine.request import EngineRequest
 from toolparsers import get_tool_parser
 
@@ -164,3 +167,38 @@ async def test_ending_in_auto_parse_only(app: FastAPI, engine: FakeEngine, parse
         assert (stop_reason, stop_sequence) == ("stop_sequence", "Dublin")
     else:
         assert stop_reason == ANTHROPIC_STOP[finish_reason]
+
+
+@pytest.mark.parametrize("failure", [RequestTimedOut("the request did not finish within 2 s (--request-timeout)"),
+                                     RequestAborted("the server aborted the request")])
+async def test_timeout_or_abort_inside_a_call_fails_without_markup(
+    app: FastAPI, engine: FakeEngine, parser: str, failure: Exception
+) -> None:
+    """A timeout or an abort (shutdown) while a call is open is no ending: whole, the request fails
+    (408 / 503, the API's error body); streamed, what went out before is the text ahead of the
+    call, never its markup, then one error event (chat) / error + response.failed (Responses) /
+    an Anthropic error event."""
+    _play(engine, BEFORE + CALLS[parser])
+    engine.fail_after_tokens = len(BEFORE) + CALLS[parser].index("Dublin")
+    engine.failure = failure
+    status = 408 if isinstance(failure, RequestTimedOut) else 503
+    tools = [{"type": "function", "function": WEATHER}]
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        assert (await client.post("/v1/chat/completions", json=chat)).status_code == status
+        streamed = await client.post("/v1/chat/completions", json={**chat, "stream": True})
+        events = [json.loads(p) for p in sse_events(streamed.text)]
+        content = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"])
+        assert content == BEFORE.rstrip("\n") and "error" in events[-1]
+        assert not any(c["delta"].get("tool_calls") for e in events[:-1] for c in e["choices"])
+        body = {"model": "fake-model", "input": "Weather?", "tools": [{"type": "function", **WEATHER}]}
+        assert (await client.post("/v1/responses", json=body)).status_code == status
+        lines = (await client.post("/v1/responses", json={**body, "stream": True})).text.splitlines()
+        events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+        assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+        assert not any(e["type"].startswith("response.function_call") for e in events)
+        messages = {"model": "fake-model", "max_tokens": 400, "messages": [{"role": "user", "content": "Weather?"}],
+                    "tools": [{"name": "get_weather", "input_schema": WEATHER["parameters"]}]}
+        assert (await client.post("/v1/messages", json=messages)).status_code == status
+        text = (await client.post("/v1/messages", json={**messages, "stream": True})).text
+        assert "event: error" in text and "tool_use" not in text
