@@ -19,7 +19,9 @@ class SamplingParams:
     an additive bias in [-100, 100]. `logprobs` is the number of top alternatives to report per
     token (None: no logprobs; 0: only the sampled token's). `max_tokens` counts output tokens.
     `stop` strings are matched on detokenized text and never appear in the output unless
-    `include_stop_str_in_output`. Raises InvalidSamplingParams on out-of-range values.
+    `include_stop_str_in_output`; with a grammar, `stop` and `stop_token_ids` end the output only
+    where the grammar could end it (`LLMEngine._stop_allowed`). Raises InvalidSamplingParams on
+    out-of-range values.
     """
 
     n: int = 1

@@ -62,8 +62,10 @@ class OutputReader:
         if self._parser is None:
             self.finish_reason = engine_reason
             return Read()
-        left_open = bool(self._parser.undecided.strip())
+        undecided = self._parser.undecided.strip()
         result = self._parser.finish(cut=self._forced)
+        # left open: text that could still have become a call and, decided now, did not
+        left_open = bool(undecided) and not result.tool_calls
         read = self._seen(Read(result.content, result.tool_calls))
         self.finish_reason = decide_finish_reason(engine_reason, self.made_calls, left_open, closed)
         return read
