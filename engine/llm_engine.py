@@ -299,7 +299,6 @@ class LLMEngine:
         plan = self.structured.closing_tokens(seq.matcher, budget)
         if plan is None:
             return
-        state.pending[seq.index].closed = True   # the token just sampled made this choice's delta
         for token_id in plan:
             self.num_generation_tokens += 1
             if self._append_token(state, seq, token_id, None):

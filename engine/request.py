@@ -41,8 +41,7 @@ class CompletionDelta:
     """What is new for one choice (`index` in 0..n-1) since the previous RequestOutput.
 
     `text` is the newly released text (stop strings withheld or cut); `finish_reason` is set
-    once: "stop", "length", or "abort". `closed`: the grammar closing (EngineRequest.close_grammar)
-    ended this choice, so its output matches the grammar although the budget ended it ("length").
+    once: "stop", "length", or "abort".
     """
 
     index: int
@@ -51,7 +50,6 @@ class CompletionDelta:
     logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None   # the stop string or stop token id that ended it
-    closed: bool = False
 
 
 @dataclass(slots=True)

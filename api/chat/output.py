@@ -106,7 +106,7 @@ def _delta_messages(
 ) -> list[DeltaMessage]:
     """The deltas to send for one engine delta (one carrying only logprobs when the text is held)."""
     if stream is not None:
-        messages = stream.deltas(delta.text, delta.finish_reason, delta.closed)
+        messages = stream.deltas(delta.text, delta.finish_reason)
     else:
         messages = [DeltaMessage(content=delta.text)] if delta.text else []
     if not messages and logprobs is not None and logprobs.content:
@@ -151,7 +151,7 @@ def _whole_choice(
         message = ChatCompletionMessage(content=text)
     else:
         reader = OutputReader(tool_calling, options.on_tool_calls)
-        read = reader.read_whole(text, final.finish_reason, final.closed)
+        read = reader.read_whole(text, final.finish_reason)
         calls = [
             ToolCall(
                 id=call.id, type="function", function=FunctionCall(name=call.name, arguments=call.arguments)

@@ -51,10 +51,9 @@ class OutputReader:
         result = self._parser.feed(text)
         return self._seen(Read(result.content, result.tool_calls))
 
-    def finish(self, engine_reason: str, closed: bool = False) -> Read:
+    def finish(self, engine_reason: str) -> Read:
         """Everything still held back, once the engine ended the choice with `engine_reason`
-        ("stop" or "length"; `closed`: by the grammar closing, `CompletionDelta.closed`); sets
-        `finish_reason` (`api/generation/ending.py`).
+        ("stop" or "length"); sets `finish_reason` (`api/generation/ending.py`).
 
         A call still open is dropped with a forced tool_choice (its markup never becomes content)
         and is content with "auto" (text the model wrote is never silently dropped).
@@ -64,16 +63,16 @@ class OutputReader:
             return Read()
         undecided = self._parser.undecided.strip()
         result = self._parser.finish(cut=self._forced)
-        # left open: text that could still have become a call and, decided now, did not
-        left_open = bool(undecided) and not result.tool_calls
+        # left open as content ("auto" only): text that could still have become a call and did not
+        left_open = not self._forced and bool(undecided) and not result.tool_calls
         read = self._seen(Read(result.content, result.tool_calls))
-        self.finish_reason = decide_finish_reason(engine_reason, self.made_calls, left_open, closed)
+        self.finish_reason = decide_finish_reason(engine_reason, self.made_calls, left_open)
         return read
 
-    def read_whole(self, text: str, engine_reason: str, closed: bool = False) -> Read:
-        """A whole output at once: `feed(text)` followed by `finish(engine_reason, closed)`."""
+    def read_whole(self, text: str, engine_reason: str) -> Read:
+        """A whole output at once: `feed(text)` followed by `finish(engine_reason)`."""
         read = self.feed(text)
-        rest = self.finish(engine_reason, closed)
+        rest = self.finish(engine_reason)
         return Read(read.content + rest.content, read.tool_calls + rest.tool_calls)
 
     def _seen(self, read: Read) -> Read:

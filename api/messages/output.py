@@ -111,7 +111,7 @@ class MessageBuilder:
         self.last = out
         read = self.reader.feed(delta.text)
         if delta.finish_reason is not None:
-            rest = self.reader.finish(delta.finish_reason, delta.closed)
+            rest = self.reader.finish(delta.finish_reason)
             read = Read(read.content + rest.content, read.tool_calls + rest.tool_calls)
             self._set_stop(delta)
         events = self._text(read.content)

@@ -79,12 +79,12 @@ class ResponseOutputBuilder:
         last delta was fed."""
         return self._reader.finish_reason
 
-    def feed(self, text: str, engine_reason: str | None = None, closed: bool = False) -> list[StreamEvent]:
-        """Events for the next text delta; with `engine_reason` (the last one: "stop" or "length",
-        `closed` by the grammar closing) the reader also flushes what it holds and decides."""
+    def feed(self, text: str, engine_reason: str | None = None) -> list[StreamEvent]:
+        """Events for the next text delta; with `engine_reason` (the last one: "stop" or "length")
+        the reader also flushes what it holds and decides how the output ended."""
         events = self._read(self._reader.feed(text))
         if engine_reason is not None:
-            events.extend(self._read(self._reader.finish(engine_reason, closed)))
+            events.extend(self._read(self._reader.finish(engine_reason)))
         return events
 
     def finish(self, incomplete: bool = False) -> list[StreamEvent]:

@@ -45,7 +45,7 @@ async def _item_events(
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for _, out in outputs:
             for delta in out.deltas:
-                for event in builder.feed(delta.text, delta.finish_reason, delta.closed):
+                for event in builder.feed(delta.text, delta.finish_reason):
                     yield event
             progress.last = out
     progress.finish_reason = builder.finish_reason

@@ -189,18 +189,18 @@ async def test_cut_inside_a_forced_call_drops_it(client: openai.AsyncOpenAI, eng
 
 
 async def test_cut_inside_a_second_call_keeps_the_first(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
-    # the first call is whole and returned; the output was cut, so finish_reason is "length"
+    # required: the cut second call is dropped; the first is whole, so the answer is "tool_calls"
     first = call_text("get_weather", {"city": "Dublin"})
     text = first + "\n" + call_text("get_weather", {"city": "Cork"})
     play(engine, text)
     limit = len(first) + 20
     result = await whole(client, max_tokens=limit, tool_choice="required")
     choice = result.choices[0]
-    assert choice.finish_reason == "length" and not choice.message.content
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
     assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [{"city": "Dublin"}]
     content, calls, reasons = reassemble(await chunks(client, max_tokens=limit, tool_choice="required"))
     assert content == "" and [json.loads(c["arguments"]) for c in calls] == [{"city": "Dublin"}]
-    assert reasons == ["length"]
+    assert reasons == ["tool_calls"]
 
 
 async def test_named_choice_stream(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:

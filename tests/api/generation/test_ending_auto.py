@@ -4,9 +4,9 @@ parser's format after some text, cut by each ending, through chat (n=2), Respons
 whole and streamed (the official clients assemble the streams).
 
 Rules (`api/generation/ending.py`): text the model wrote is never silently dropped, so a call cut
-by a stop string or max_tokens is content verbatim; finish_reason "tool_calls" only with whole
-calls and nothing cut, "length" when max_tokens cut the output (calls completed before it are
-kept), "stop" when a stop string ended it; Anthropic's stop_reason and the Responses status agree.
+by a stop string or max_tokens is content verbatim and finish_reason is the engine's ("stop",
+"length"); whole calls with no call left open are "tool_calls" (also when max_tokens then cut the
+text after them); Anthropic's stop_reason and the Responses status agree.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _expected(parser: str, ending: str) -> tuple[str, list[tuple[str, Any]], str
     calls = [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
     if ending == "max_tokens inside the call":
         return cut, [], "length"
-    return parsed.content, calls, "length" if ending.startswith("max_tokens") else "tool_calls"
+    return parsed.content, calls, "tool_calls"
 
 
 @pytest.fixture
