@@ -20,7 +20,7 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
-from api_support import anthropic_client, sdk_client
+from api_support import messages_whole_and_streamed, sdk_client
 
 from api.app import create_app
 from api.config import ServerConfig
@@ -145,16 +145,8 @@ async def _messages(app: Any, tool: dict[str, Any], fields: dict[str, Any]) -> t
                                         "input_schema": tool["parameters"]}])
     if "stop" in fields:
         body["stop_sequences"] = fields["stop"]
-    async with anthropic_client(app) as client:
-        whole = await client.messages.create(**body)
-        async with client.messages.stream(**body) as stream:
-            final = await stream.get_final_message()
-    got = []
-    for message in (whole, final):
-        text = "".join(b.text for b in message.content if b.type == "text")
-        got.append((text, [(b.name, b.input) for b in message.content if b.type == "tool_use"], message.stop_reason))
-    assert got[0] == got[1]
-    return got[0]
+    text, uses, stop_reason, _ = await messages_whole_and_streamed(app, body)
+    return text, uses, stop_reason
 
 
 async def _case(

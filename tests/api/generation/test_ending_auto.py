@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from api_support import FakeEngine, anthropic_client, sdk_client, sse_events
+from api_support import FakeEngine, messages_whole_and_streamed, sdk_client, sse_events
 from fastapi import FastAPI
 
 from api.app import create_app
@@ -136,17 +136,7 @@ async def _messages(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tup
                                 "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}])
     if "stop" in fields:
         body["stop_sequences"] = fields["stop"]
-    async with anthropic_client(app) as client:
-        whole = await client.messages.create(**body)
-        async with client.messages.stream(**body) as stream:
-            final = await stream.get_final_message()
-    got = []
-    for message in (whole, final):
-        text = "".join(b.text for b in message.content if b.type == "text")
-        uses = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
-        got.append((text, uses, message.stop_reason, message.stop_sequence))
-    assert got[0] == got[1]
-    return got[0]
+    return await messages_whole_and_streamed(app, body)
 
 
 @pytest.mark.parametrize("ending", ["EOS after the call", "stop string inside the call",
