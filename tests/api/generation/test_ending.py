@@ -24,6 +24,7 @@ from api_support import messages_whole_and_streamed, sdk_client
 
 from api.app import create_app
 from api.config import ServerConfig
+from api.generation.ending import decide_finish_reason
 from engine.async_engine import AsyncEngine
 from tests.conftest import save_tiny_model
 from tests.engine.tiny_engine import make_smollm2_vocab_engine
@@ -46,6 +47,16 @@ PROBE_TOKENS = 64
 formats finish the call well within it; a model that rambles is cut by it)."""
 ENDINGS = ["grammar end + EOS", "stop string inside the call", "stop_token_ids inside the call",
            "max_tokens, call closed", "max_tokens, call cut", "max_tokens inside the forced prefix"]
+
+
+@pytest.mark.parametrize(("engine_reason", "made_calls", "left_open", "expected"), [
+    ("stop", True, False, "tool_calls"), ("length", True, False, "tool_calls"),
+    ("stop", False, False, "stop"), ("length", False, False, "length"),
+    ("stop", True, True, "stop"), ("length", True, True, "length"),
+    ("stop", False, True, "stop"), ("length", False, True, "length")])
+def test_decision_table(engine_reason: str, made_calls: bool, left_open: bool, expected: str) -> None:
+    """The module table of api/generation/ending.py, row by row."""
+    assert decide_finish_reason(engine_reason, made_calls, left_open) == expected
 
 
 @pytest.fixture(scope="module")
