@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,13 @@ class IncrementalDetokenizer:
     from `tokenizers.decoders.DecodeStream` instead (the same windowed decode in Rust, ~1 us per
     token instead of two Python-level decodes, ~15-30 us); `stream_start` is then the first
     token whose text it has not yet returned (an incomplete character), decoded at `flush`.
+
+    Stop strings inside a grammar-constrained region: `add_tokens(ids, stop_allowed=False)` marks
+    the text of those tokens as a place where no stop string may start (the engine passes False
+    while the request's grammar could not end the output, e.g. inside a forced tool call; see
+    `LLMEngine._stop_allowed`). A stop string starting there is not a match, and the text goes out
+    as usual. `stop_gates` holds the offsets into `text` where that permission changes (sorted,
+    alternating, starting from "allowed"), so it stays a few entries long.
     """
 
     tokenizer: Any
@@ -42,6 +50,7 @@ class IncrementalDetokenizer:
     read_offset: int = 0
     stream: Any = None
     stream_start: int = 0
+    stop_gates: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         backend = getattr(self.tokenizer, "_tokenizer", None)
@@ -52,12 +61,15 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
                                      clean_up_tokenization_spaces=False)
 
-    def add_tokens(self, new_token_ids: list[int]) -> tuple[str, str | None]:
+    def add_tokens(self, new_token_ids: list[int], stop_allowed: bool = True) -> tuple[str, str | None]:
         """Append tokens; returns (text delta to send, matched stop string or None).
 
         After a stop string matches, the delta ends where the stop string starts (or after it
-        with include_stop_str_in_output) and the caller must finish the sequence.
+        with include_stop_str_in_output) and the caller must finish the sequence. `stop_allowed`
+        False: no stop string may start in the text of these tokens (see the class docstring).
         """
+        if self.stop and stop_allowed != self._stop_allowed_at(len(self.text)):
+            self.stop_gates.append(len(self.text))
         if self.stream is not None:
             backend = self.tokenizer._tokenizer
             for token_id in new_token_ids:
@@ -93,12 +105,24 @@ class IncrementalDetokenizer:
         delta, _ = self._release(final=True)
         return delta
 
+    def _stop_allowed_at(self, pos: int) -> bool:
+        """Whether a stop string may start at character `pos` of `text` (an even number of gates
+        at or before it: every gate flips the permission, which starts as allowed)."""
+        return bisect_right(self.stop_gates, pos) % 2 == 0
+
+    def _find_stop(self, stop: str, start: int) -> int:
+        """The first position >= `start` where `stop` starts and may end the output, or -1."""
+        pos = self.text.find(stop, start)
+        while pos != -1 and not self._stop_allowed_at(pos):
+            pos = self.text.find(stop, pos + 1)
+        return pos
+
     def _release(self, final: bool) -> tuple[str, str | None]:
         if self.stop:
             search_from = max(0, self.released - max(len(s) for s in self.stop) + 1)
             best: tuple[int, str] | None = None
             for stop in self.stop:
-                pos = self.text.find(stop, search_from)
+                pos = self._find_stop(stop, search_from)
                 if pos != -1 and (best is None or pos < best[0]):
                     best = (pos, stop)
             if best is not None:

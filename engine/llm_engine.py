@@ -311,9 +311,12 @@ class LLMEngine:
 
         EOS and stop_token_ids end the sequence without their text reaching the output, even with
         skip_special_tokens=False (as in vLLM), and without a logprob entry; the other tokens'
-        entries go out with their text (engine/output_logprobs.py).
+        entries go out with their text (engine/output_logprobs.py). A stop token id or stop string
+        ends it only where its grammar could end the output (`_stop_allowed`); elsewhere the token
+        is ordinary text.
         """
         params = seq.sampling_params
+        stop_allowed = self._stop_allowed(seq)   # before the matcher takes the token
         seq.token_ids.append(token_id)
         aligner = state.aligners[seq.index] if state.aligners is not None else None
         delta = state.pending.setdefault(
@@ -331,11 +334,11 @@ class LLMEngine:
             status = SeqStatus.FINISHED_ERROR
         elif token_id in self.eos_token_ids and not params.ignore_eos:
             status = SeqStatus.FINISHED_STOPPED
-        elif token_id in params.stop_token_ids:
+        elif token_id in params.stop_token_ids and stop_allowed:
             status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, token_id
         else:
             text_before = len(detok.text)
-            text, stop_str = detok.add_tokens([token_id])
+            text, stop_str = detok.add_tokens([token_id], stop_allowed)
             if aligner is not None and logprob is not None:
                 aligner.add(logprob, detok.text[text_before:])
             if stop_str is not None:
@@ -348,6 +351,22 @@ class LLMEngine:
         if status is not None:
             self._finish(state, seq, status, flush=stop_str is None)
         return status is not None
+
+    @staticmethod
+    def _stop_allowed(seq: Sequence) -> bool:
+        """Whether a stop string or stop token id may end `seq` at its next token: always without a
+        grammar; with one, only where the grammar could end the output now (`Matcher.is_accepting`).
+
+        The rule for stops inside a constrained region (a forced tool call, a triggered call in
+        "auto" from its trigger to its end, a json_schema document): they are not matched there,
+        since cutting there could only return output the grammar refuses (a call or document that
+        does not parse). vLLM and SGLang match stops anywhere and return the cut text; here the
+        output stays valid by construction and finish_reason tells what ended it.
+        """
+        params = seq.sampling_params
+        if seq.matcher is None or not (params.stop or params.stop_token_ids):
+            return True
+        return seq.matcher.is_accepting()
 
     def _finish(self, state: RequestState, seq: Sequence, status: SeqStatus, flush: bool) -> None:
         """End `seq` with `status`; `flush`: release the detokenizer's held-back text last (not

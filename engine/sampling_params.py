@@ -21,7 +21,9 @@ class SamplingParams:
     (None: until the context is full, `ModelLimits.max_tokens`; the engine checks it against the
     prompt and max_model_len, `ModelLimits.validate`).
     `stop` strings are matched on detokenized text and never appear in the output unless
-    `include_stop_str_in_output`. Raises InvalidSamplingParams on out-of-range values.
+    `include_stop_str_in_output`; with a grammar, `stop` and `stop_token_ids` end the output only
+    where the grammar could end it (`LLMEngine._stop_allowed`). Raises InvalidSamplingParams on
+    out-of-range values.
     """
 
     n: int = 1

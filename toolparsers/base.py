@@ -157,6 +157,12 @@ class ToolParser(ABC):
         # Resume points of scans over the held-back buffer; valid while its front is not consumed.
         self._memo: Memo = {}
 
+    @property
+    def undecided(self) -> str:
+        """The text fed but not decided yet (a partial marker or an unfinished call), which
+        `finish` decides: content, or dropped with `cut`."""
+        return self._buffer
+
     @abstractmethod
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         """Split a prefix of `text` into segments; return them and the number of characters consumed.

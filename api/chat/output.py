@@ -106,7 +106,7 @@ async def chat_chunks(
                 if delta.finish_reason is not None:
                     reason = delta.finish_reason
                     if stream is not None:
-                        reason = stream.reader.finish_reason(reason)
+                        reason = stream.reader.finish_reason
                     yield chunk(delta.index, DeltaMessage(), finish_reason=reason, usage=running)
             last = out
     if options.include_usage and last is not None:
@@ -118,8 +118,7 @@ async def chat_chunks(
 def _delta_messages(stream: ToolCallDeltas | None, delta: CompletionDelta) -> list[DeltaMessage]:
     """The deltas to send for one engine delta."""
     if stream is not None:
-        return stream.deltas(delta.text, final=delta.finish_reason is not None,
-                             cut=delta.finish_reason == "length")
+        return stream.deltas(delta.text, delta.finish_reason)
     return [DeltaMessage(content=delta.text)] if delta.text else []
 
 
@@ -129,19 +128,18 @@ async def chat_completion(
     """Gather every output of a request into one chat.completion object."""
     texts: list[list[str]] = [[] for _ in range(options.n)]
     logprobs: list[list[TokenLogprob]] = [[] for _ in range(options.n)]
-    finish_reasons: list[str | None] = [None] * options.n
+    finals: list[CompletionDelta | None] = [None] * options.n
     last: RequestOutput | None = None
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for _, out in outputs:
             for delta in out.deltas:
                 texts[delta.index].append(delta.text)
                 logprobs[delta.index].extend(delta.logprobs or [])
-                finish_reasons[delta.index] = delta.finish_reason or finish_reasons[delta.index]
+                if delta.finish_reason is not None:
+                    finals[delta.index] = delta
             last = out
     assert last is not None, "a started stream has at least one output"
-    choices = [
-        _whole_choice(i, "".join(texts[i]), finish_reasons[i], options) for i in range(options.n)
-    ]
+    choices = [_whole_choice(i, "".join(texts[i]), finals[i], options) for i in range(options.n)]
     if options.logprobs:
         choices = [
             c.model_copy(update={"logprobs": fmt.chat(_content_entries(options, fmt, logprobs[c.index], c))})
@@ -163,15 +161,18 @@ def _content_entries(
 
 
 def _whole_choice(
-    index: int, text: str, finish_reason: str | None, options: ChatOutputOptions
+    index: int, text: str, final: CompletionDelta | None, options: ChatOutputOptions
 ) -> ChatCompletionChoice:
-    """One choice of a whole answer; with tool calling, `text` split into content and tool calls."""
+    """One choice of a whole answer (`final`: its last engine delta, with the finish_reason); with
+    tool calling, `text` split into content and tool calls and the finish_reason decided by the
+    reader."""
     tool_calling = options.tool_calling
-    if tool_calling is None:
+    finish_reason = final.finish_reason if final is not None else None
+    if tool_calling is None or final is None or final.finish_reason is None:
         message = ChatCompletionMessage(content=text)
     else:
         reader = OutputReader(tool_calling, options.on_tool_calls)
-        read = reader.read_whole(text, cut=finish_reason == "length")
+        read = reader.read_whole(text, final.finish_reason)
         calls = [
             ToolCall(
                 id=call.id, type="function", function=FunctionCall(name=call.name, arguments=call.arguments)
@@ -181,5 +182,5 @@ def _whole_choice(
         # content is None when calls were made and no other text was written
         content = read.content if read.content or not calls else None
         message = ChatCompletionMessage(content=content, tool_calls=calls or None)
-        finish_reason = reader.finish_reason(finish_reason)
+        finish_reason = reader.finish_reason
     return ChatCompletionChoice(index=index, message=message, finish_reason=finish_reason)

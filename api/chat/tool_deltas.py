@@ -19,12 +19,12 @@ class ToolCallDeltas:
         self.reader = reader
         self._num_calls = 0
 
-    def deltas(self, text: str, final: bool, cut: bool = False) -> list[DeltaMessage]:
-        """Delta messages for the next text delta; with `final`, also everything the reader still
-        holds (`cut`: the output stopped at max_tokens, so a held-back partial call is dropped)."""
+    def deltas(self, text: str, engine_reason: str | None = None) -> list[DeltaMessage]:
+        """Delta messages for the next text delta; with `engine_reason` (the engine ended the
+        choice), also everything the reader still holds (`OutputReader.finish`)."""
         read = self.reader.feed(text)
-        if final:
-            rest = self.reader.finish(cut)
+        if engine_reason is not None:
+            rest = self.reader.finish(engine_reason)
             read = Read(read.content + rest.content, read.tool_calls + rest.tool_calls)
         messages = [DeltaMessage(content=read.content)] if read.content else []
         for call in read.tool_calls:

@@ -49,10 +49,13 @@ _AUTO_BACKEND = "auto"
 
 @dataclass(frozen=True, slots=True)
 class ToolCalling:
-    """How one request's output is split into content and tool calls: the parser and the tools."""
+    """How one request's output is split into content and tool calls: the parser, the tools, and
+    whether tool_choice forces the call ("required" / named; a call left open at the end is then
+    dropped, never content: `api/generation/ending.py`)."""
 
     parser_class: type[ToolParser]
     tools: tuple[ToolSpec, ...]
+    forced: bool = False
 
     def new_parser(self) -> ToolParser:
         """A fresh parser: the streaming state of one choice (or a whole-output parse)."""
@@ -138,7 +141,7 @@ def request_constraints(inputs: GenerationInputs, config: ServerConfig) -> Const
                                        inputs.grammar_options, choice, config)
     return Constraints(
         grammar=grammar,
-        tool_calling=ToolCalling(parser_class, tuple(specs)),
+        tool_calling=ToolCalling(parser_class, tuple(specs), forced=choice != "auto"),
         keep_special_tokens=config.tool_call_parser in _PARSERS_KEEPING_SPECIAL_TOKENS,
         close_grammar=close,
     )

@@ -5,9 +5,10 @@ Text goes through the request's `OutputReader` (`api/generation/reader.py`): con
 text block, each whole tool call becomes one tool_use block (`toolu_...` id) whose `input` JSON
 is sent as one input_json_delta once the call is complete. A call whose arguments are not a
 JSON object (possible only when the call was not constrained) cannot be a tool_use block and is
-returned as text. stop_reason: "tool_use" once a call was made, "max_tokens" at the output
-budget, "stop_sequence" (with `stop_sequence`) when one of the request's stop_sequences ended
-it, else "end_turn".
+returned as text. stop_reason maps the reader's one ending decision
+(`api/generation/ending.py`): finish_reason "tool_calls" -> "tool_use", "length" ->
+"max_tokens", "stop" -> "stop_sequence" (with `stop_sequence`) when one of the request's
+stop_sequences ended it, else "end_turn".
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class MessageBuilder:
         self.last = out
         read = self.reader.feed(delta.text)
         if delta.finish_reason is not None:
-            rest = self.reader.finish(cut=delta.finish_reason == "length")
+            rest = self.reader.finish(delta.finish_reason)
             read = Read(read.content + rest.content, read.tool_calls + rest.tool_calls)
             self._set_stop(delta)
         events = self._text(read.content)
@@ -127,9 +128,9 @@ class MessageBuilder:
         return [*events, MessageDelta(delta=delta, usage=usage_of(self.last)), MessageStop()]
 
     def _set_stop(self, delta: CompletionDelta) -> None:
-        if self.reader.made_calls:
+        if self.reader.finish_reason == "tool_calls":
             self.stop_reason = "tool_use"
-        elif delta.finish_reason == "length":
+        elif self.reader.finish_reason == "length":
             self.stop_reason = "max_tokens"
         elif isinstance(delta.stop_reason, str) and delta.stop_reason in self.options.stop_sequences:
             self.stop_reason, self.stop_sequence = "stop_sequence", delta.stop_reason

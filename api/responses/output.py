@@ -87,15 +87,22 @@ class ResponseOutputBuilder:
                          if logprobs is not None and tool_calling is not None else None)
         self._logprobs: list[dict[str, Any]] = []   # entries not yet sent with a text delta
 
+    @property
+    def finish_reason(self) -> str | None:
+        """How the output ended (the reader's decision, `api/generation/ending.py`); None until the
+        last delta was fed."""
+        return self._reader.finish_reason
+
     def feed(
-        self, text: str, final: bool = False, cut: bool = False, logprobs: list[TokenLogprob] | None = None
+        self, text: str, engine_reason: str | None = None, logprobs: list[TokenLogprob] | None = None
     ) -> list[StreamEvent]:
-        """Events for the next text delta (`final`: the last one; the parser flushes what it holds;
-        `cut`: it stopped at max_output_tokens, so a partial call it holds is dropped); `logprobs`:
-        the engine's entries released with `text`."""
+        """Events for the next text delta; with `engine_reason` (the last one: "stop" or "length")
+        the reader also flushes what it holds and decides how the output ended; `logprobs`: the
+        engine's entries released with `text`."""
         reads = [self._reader.feed(text)]
+        final = engine_reason is not None
         if final:
-            reads.append(self._reader.finish(cut))
+            reads.append(self._reader.finish(engine_reason))
         if self._fmt is not None:
             entries = logprobs or []
             if self._content is not None:

@@ -100,8 +100,9 @@ class ResponseRun:
     def finished(
         self, output: Sequence[OutputItem], finish_reason: str | None, last: RequestOutput | None
     ) -> ResponseObject:
-        """The finished response: "incomplete" (reason max_output_tokens) when the engine stopped at
-        the token budget, else "completed"."""
+        """The finished response: "incomplete" (reason max_output_tokens) when the output's
+        finish_reason (the reader's decision, `api/generation/ending.py`) is "length", else
+        "completed"."""
         status: ResponseStatus = "incomplete" if finish_reason == "length" else "completed"
         return self.snapshot(status, output, usage_of(last))
 

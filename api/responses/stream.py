@@ -45,12 +45,10 @@ async def _item_events(
     async with contextlib.aclosing(outputs):  # type: ignore[type-var]
         async for _, out in outputs:
             for delta in out.deltas:
-                final = delta.finish_reason is not None
-                cut = delta.finish_reason == "length"
-                for event in builder.feed(delta.text, final, cut, delta.logprobs):
+                for event in builder.feed(delta.text, delta.finish_reason, delta.logprobs):
                     yield event
-                progress.finish_reason = delta.finish_reason or progress.finish_reason
             progress.last = out
+    progress.finish_reason = builder.finish_reason
     for event in builder.finish(incomplete=progress.finish_reason == "length"):
         yield event
 

@@ -240,3 +240,30 @@ async def sdk_client(app: Any) -> AsyncIterator[Any]:
         base_url="http://test/v1", api_key="x", http_client=http_client, max_retries=0
     ) as client:
         yield client
+
+
+def anthropic_client(app: Any, api_key: str = "x") -> Any:
+    """The official `anthropic.AsyncAnthropic` client talking to `app` over ASGI, without retries
+    (the SDK's HTTP package is httpx2, httpx's successor)."""
+    import anthropic
+    import httpx2
+
+    http_client = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test")
+    return anthropic.AsyncAnthropic(base_url="http://test", api_key=api_key, http_client=http_client,
+                                    max_retries=0)
+
+
+async def messages_whole_and_streamed(app: Any, body: dict[str, Any]) -> tuple[str, list[Any], Any, Any]:
+    """(text, [(tool name, input)], stop_reason, stop_sequence) of a /v1/messages `body`, read by
+    the anthropic SDK whole and streamed (its final message), asserted equal."""
+    async with anthropic_client(app) as client:
+        whole = await client.messages.create(**body)
+        async with client.messages.stream(**body) as stream:
+            final = await stream.get_final_message()
+    got = []
+    for message in (whole, final):
+        text = "".join(b.text for b in message.content if b.type == "text")
+        uses = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+        got.append((text, uses, message.stop_reason, message.stop_sequence))
+    assert got[0] == got[1]
+    return got[0]

@@ -213,3 +213,48 @@ def test_langchain_bind_tools_and_structured_output(server):
     assert isinstance(person, Person)
     by_tool = llm.with_structured_output(Person, method="function_calling").invoke("Invent a person.")
     assert isinstance(by_tool, Person)
+
+
+def _forced_weather(client, stream: bool, **fields):
+    """(content, calls, finish_reason) of a required get_weather call, greedy (issue 14's faults)."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "What's the weather like in Paris?"}],
+                  tools=[WEATHER], tool_choice="required", parallel_tool_calls=False, temperature=0, **fields)
+    if stream:
+        content, calls, finish = collect_stream(client.chat.completions.create(**kwargs, stream=True))
+        return content or "", [(c["name"], c["arguments"]) for c in calls], finish
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    return choice.message.content or "", calls, choice.finish_reason
+
+
+def test_stop_strings_inside_a_forced_call_are_not_matched(server):
+    """Issue 14's fault: a stop string inside a forced call returned finish_reason "stop" and the
+    call markup as content. Stops are not matched inside a constrained call, so the answer is the
+    same whole call as without them (whole and streamed)."""
+    client = server.client()
+    plain = _forced_weather(client, False, max_tokens=60)
+    (name, arguments), = plain[1]
+    assert plain[0] == "" and plain[2] == "tool_calls" and valid_call(name, arguments)
+    stops = {"stop": ["Paris", '"city"', "name"]}
+    assert _forced_weather(client, False, max_tokens=60, **stops) == plain
+    assert _forced_weather(client, True, max_tokens=60, **stops) == plain
+
+
+def test_max_tokens_inside_a_forced_call_is_length_without_markup(server):
+    """A budget too small for the call (the closing cannot fit): finish_reason "length", no call and
+    no markup as content, whole and streamed; Responses says "incomplete", Anthropic "max_tokens"."""
+    import anthropic
+
+    client = server.client()
+    cut = _forced_weather(client, False, max_tokens=4)
+    assert cut == ("", [], "length") and _forced_weather(client, True, max_tokens=4) == cut
+    response = client.responses.create(model=MODEL, input="What's the weather like in Paris?", tools=[
+        {"type": "function", **WEATHER["function"]}], tool_choice="required", temperature=0, max_output_tokens=4)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert not any(item.type == "function_call" for item in response.output) and not response.output_text
+    with anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=600) as messages:
+        message = messages.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "What's the weather like in Paris?"}],
+            tools=[{"name": "get_weather", "description": "Current weather for a city.",
+                    "input_schema": WEATHER["function"]["parameters"]}], tool_choice={"type": "any"})
+    assert message.stop_reason == "max_tokens" and message.content == []

@@ -1,16 +1,19 @@
 """Fixtures for engine tests: the real SmolLM2 tokenizer is the session fixture `smollm2_tokenizer`
 of tests/conftest.py (loaded once for the whole run); `compiled_tiny` is the tiny random Llama of
-tiny_engine.py with its decode step compiled once for the whole run."""
+tiny_engine.py with its decode step compiled once for the whole run; `smollm2_vocab_engine` is an
+LLMEngine over a tiny random Llama with SmolLM2's vocabulary and tokenizer (constrained output)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from tiny_engine import load_tiny_folder, make_engine
+from tiny_engine import load_tiny_folder, make_engine, make_smollm2_vocab_engine
 
 from engine.compiled_decode import CompiledDecode
+from engine.llm_engine import LLMEngine
 from tests.conftest import save_tiny_model
 
 
@@ -31,3 +34,12 @@ def compiled_tiny(tmp_path_factory) -> tuple[Any, Any, CompiledDecode]:
     finally:
         torch.set_num_threads(previous)
     return model, arch, compiled
+
+
+@pytest.fixture
+def smollm2_vocab_engine(tiny_model_dir, smollm2_tokenizer, one_torch_thread) -> Iterator[LLMEngine]:
+    """`tiny_engine.make_smollm2_vocab_engine` for one test; its grammar threads are closed after it."""
+    folder, _ = tiny_model_dir("LlamaForCausalLM", vocab_size=49152)
+    llm = make_smollm2_vocab_engine(folder, smollm2_tokenizer)
+    yield llm
+    llm.structured.close()

@@ -82,3 +82,24 @@ def test_special_tokens_skipped_or_kept_alike(smollm2_tokenizer):
         fast, _ = stream(IncrementalDetokenizer(smollm2_tokenizer, skip_special_tokens=skip), ids)
         slow, _ = stream(window_path(IncrementalDetokenizer(smollm2_tokenizer, skip_special_tokens=skip)), ids)
         assert "".join(fast) == "".join(slow)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_stop_strings_never_start_where_stops_are_not_allowed(smollm2_tokenizer, fast):
+    """Tokens added with stop_allowed=False (a constrained region) release their text whole; a
+    stop string starting there is skipped, the next occurrence where stops are allowed matches."""
+    text = "say fox; then fox again and fox"
+    ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
+    starts = [len(smollm2_tokenizer.decode(ids[:i])) for i in range(len(ids))]
+    region_end = text.index(" again")
+    detok = IncrementalDetokenizer(smollm2_tokenizer, stop=("fox",))
+    if not fast:
+        detok = window_path(detok)
+    pieces, matched = [], None
+    for i, token_id in enumerate(ids):
+        delta, matched = detok.add_tokens([token_id], stop_allowed=not 3 <= starts[i] < region_end)
+        pieces.append(delta)
+        if matched is not None:
+            break
+    assert matched == "fox"
+    assert "".join(pieces) == text[: text.rindex("fox")], "the first two foxes lie where stops are not allowed"

@@ -4,18 +4,13 @@ parses and validates within max_tokens; with it off, max_tokens cuts some of the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import jsonschema
 import pytest
-import torch
 
 from constrained import GrammarKind, GrammarSpec
-from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.model_loader import load_model_weights
-from engine.model_runner import kv_block_bytes
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
 
@@ -33,15 +28,8 @@ MAX_TOKENS = (24, 32, 40, 48, 64)
 
 
 @pytest.fixture
-def engine(tiny_model_dir, smollm2_tokenizer, one_torch_thread):
-    folder, _ = tiny_model_dir("LlamaForCausalLM", vocab_size=49152)
-    model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), 256)
-    arch = dataclasses.replace(arch, eos_token_ids=(2,))
-    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
-    config = EngineConfig(kv_cache_memory_bytes=96 * per_block)
-    llm = LLMEngine(config, model, arch, smollm2_tokenizer, torch.device("cpu"), torch.float32, 256)
-    yield llm
-    llm.structured.close()
+def engine(smollm2_vocab_engine: LLMEngine) -> LLMEngine:
+    return smollm2_vocab_engine
 
 
 def _run(engine: LLMEngine, close: bool, backend: str) -> dict[str, tuple[str, str, int]]:

@@ -42,3 +42,15 @@ def make_engine(tiny: tuple[Any, ...], num_blocks: int = 64, tokenizer: Any = No
     tokenizer = tokenizer if tokenizer is not None else ByteTokenizer(eos_token_id=EOS)
     return LLMEngine(config, model, arch, tokenizer, torch.device("cpu"), torch.float32,
                      MAX_MODEL_LEN, compiled_decode=compiled)
+
+
+def make_smollm2_vocab_engine(folder: Path, tokenizer: Any, max_model_len: int = 256, num_blocks: int = 96) -> LLMEngine:
+    """An LLMEngine over the tiny random Llama saved in `folder` with SmolLM2's 49k vocabulary
+    (`save_tiny_model(folder, "LlamaForCausalLM", vocab_size=49152)`; its strings ramble) and
+    SmolLM2's `tokenizer` (EOS 2), with `num_blocks` KV blocks of 16 tokens. Close
+    `engine.structured` when done (its grammar threads)."""
+    model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), max_model_len)
+    arch = dataclasses.replace(arch, eos_token_ids=(2,))
+    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
+    config = EngineConfig(kv_cache_memory_bytes=num_blocks * per_block)
+    return LLMEngine(config, model, arch, tokenizer, torch.device("cpu"), torch.float32, max_model_len)

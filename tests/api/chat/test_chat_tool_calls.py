@@ -168,26 +168,37 @@ async def test_malformed_call_stays_content(client: openai.AsyncOpenAI, engine: 
 
 
 async def test_cut_inside_a_call_is_length(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
-    # the cut-off call is dropped: its marker text never reaches content
+    # auto: the text the model wrote before the cut is content (never silently dropped)
     text = "Sure.\n" + call_text("get_weather", {"city": "Dublin"})
     play(engine, text)
     result = await whole(client, max_tokens=30)
     assert result.choices[0].finish_reason == "length"
-    assert result.choices[0].message.content == "Sure.\n" and result.choices[0].message.tool_calls is None
+    assert result.choices[0].message.content == text[:30] and result.choices[0].message.tool_calls is None
     content, calls, reasons = reassemble(await chunks(client, max_tokens=30))
-    assert content == "Sure.\n" and calls == [] and reasons == ["length"]
+    assert content == text[:30] and calls == [] and reasons == ["length"]
+
+
+async def test_cut_inside_a_forced_call_drops_it(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
+    # required: the cut-off call is dropped, its marker text never reaches content
+    play(engine, call_text("get_weather", {"city": "Dublin"}))
+    result = await whole(client, max_tokens=30, tool_choice="required")
+    assert result.choices[0].finish_reason == "length"
+    assert not result.choices[0].message.content and result.choices[0].message.tool_calls is None
+    content, calls, reasons = reassemble(await chunks(client, max_tokens=30, tool_choice="required"))
+    assert content == "" and calls == [] and reasons == ["length"]
 
 
 async def test_cut_inside_a_second_call_keeps_the_first(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
+    # required: the cut second call is dropped; the first is whole, so the answer is "tool_calls"
     first = call_text("get_weather", {"city": "Dublin"})
     text = first + "\n" + call_text("get_weather", {"city": "Cork"})
     play(engine, text)
     limit = len(first) + 20
-    result = await whole(client, max_tokens=limit)
+    result = await whole(client, max_tokens=limit, tool_choice="required")
     choice = result.choices[0]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
     assert [json.loads(c.function.arguments) for c in choice.message.tool_calls] == [{"city": "Dublin"}]
-    content, calls, reasons = reassemble(await chunks(client, max_tokens=limit))
+    content, calls, reasons = reassemble(await chunks(client, max_tokens=limit, tool_choice="required"))
     assert content == "" and [json.loads(c["arguments"]) for c in calls] == [{"city": "Dublin"}]
     assert reasons == ["tool_calls"]
 

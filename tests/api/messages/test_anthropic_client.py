@@ -10,9 +10,8 @@ from typing import Any
 
 import anthropic
 import httpx
-import httpx2
 import pytest
-from api_support import FakeEngine
+from api_support import FakeEngine, anthropic_client
 from fastapi import FastAPI
 
 from api.app import create_app
@@ -29,13 +28,6 @@ WEATHER = {"name": "get_weather", "description": "Weather of a city.",
 @pytest.fixture
 def engine() -> FakeEngine:
     return FakeEngine(max_model_len=8192)
-
-
-def anthropic_client(app: FastAPI, api_key: str = "x") -> anthropic.AsyncAnthropic:
-    """The SDK over ASGI, without retries (the SDK's HTTP package is httpx2, httpx's successor)."""
-    http_client = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://test")
-    return anthropic.AsyncAnthropic(base_url="http://test", api_key=api_key, http_client=http_client,
-                                    max_retries=0)
 
 
 @pytest.fixture

@@ -1,0 +1,38 @@
+"""How one choice ended: the single finish_reason decision every endpoint reports.
+
+The engine ends a choice with "stop" (EOS, a stop string, a stop token id, or the grammar ending:
+a terminated grammar allows only EOS) or "length" (max_tokens or the context; with
+`--close-tool-calls` the grammar closing first completes a call the budget would cut, so that
+call is whole). Stop strings and stop token ids never end a choice inside a grammar-constrained
+call (`engine.LLMEngine._stop_allowed`), so with a grammar a call is open at "stop" only in
+parse-only mode (`--no-constrain-auto-tools`). Aborts, timeouts and engine errors are not
+endings: they fail the request (503 / 408 / 500, or an error event once a stream started).
+
+Reading the tool calls (`api/generation/reader.py`) then decides, once per choice:
+
+| engine ends | the calls at the end | finish_reason |
+| --- | --- | --- |
+| stop or length | whole calls, and no call left open (or, forced, the open one dropped) | tool_calls |
+| stop | no call, or ("auto") a call left open, returned as content | stop |
+| length | no call, or ("auto") a call left open, returned as content | length |
+
+What is left of a call still open at the end: with a forced tool_choice (required / named) it is
+dropped, so call markup never becomes content, and the whole calls before it are the answer
+(shared cases 001 and 004: a 135M model that loops on parallel calls until max_tokens still
+answers "tool_calls"); with "auto" its text is content, since text the model wrote is never
+silently dropped, and the finish_reason then says the output was cut. Each endpoint maps the
+decision in one table: chat reports it as is, Anthropic's stop_reason is tool_use / max_tokens /
+stop_sequence / end_turn (`api/messages/output.py`), a Responses response is "incomplete"
+(max_output_tokens) exactly when it is "length" (`api/responses/run.py`).
+"""
+
+from __future__ import annotations
+
+
+def decide_finish_reason(engine_reason: str, made_calls: bool, left_open_as_content: bool) -> str:
+    """The choice's finish_reason from the engine's ("stop" or "length"), whether it returned
+    whole tool calls, and whether a call left open at the end (text that could still have become
+    one) is returned as content; see the module table."""
+    if made_calls and not left_open_as_content:
+        return "tool_calls"
+    return engine_reason

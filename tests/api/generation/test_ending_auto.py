@@ -1,0 +1,194 @@
+"""The endings matrix of tool_choice "auto" in parse-only mode (`--no-constrain-auto-tools`: no
+grammar, so stops and max_tokens can cut a call anywhere): the FakeEngine plays a call in each
+parser's format after some text, cut by each ending, through chat (n=2), Responses and Messages,
+whole and streamed (the official clients assemble the streams).
+
+Rules (`api/generation/ending.py`): text the model wrote is never silently dropped, so a call cut
+by a stop string or max_tokens is content verbatim and finish_reason is the engine's ("stop",
+"length"); whole calls with no call left open are "tool_calls" (also when max_tokens then cut the
+text after them); Anthropic's stop_reason and the Responses status agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from api_support import FakeEngine, messages_whole_and_streamed, sdk_client, sse_events
+from fastapi import FastAPI
+
+from api.app import create_app
+from api.config import ServerConfig
+from api.errors import RequestAborted
+from engine.errors import RequestTimedOut
+from engine.request import EngineRequest
+from toolparsers import get_tool_parser
+
+pytestmark = pytest.mark.anyio
+
+CALLS = {
+    "hermes": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Dublin"}}\n</tool_call>',
+    "llama3_json": '{"name": "get_weather", "parameters": {"city": "Dublin"}}',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Dublin"}}]',
+    "pythonic": '[get_weather(city="Dublin")]',
+    "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nDublin\n</parameter>\n</function>\n"
+                   "</tool_call>",
+}
+WEATHER = {"name": "get_weather", "description": "Weather of a city.", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+BEFORE = "Let me check.\n"
+AFTER = "\nIt is sunny today."
+ANTHROPIC_STOP = {"tool_calls": "tool_use", "length": "max_tokens", "stop": "end_turn"}
+
+
+def _script(parser: str, ending: str) -> tuple[str, dict[str, Any]]:
+    """(the text the model writes, request fields) of one ending."""
+    call = CALLS[parser]
+    if ending == "EOS after the call":
+        return BEFORE + call, {"max_tokens": 400}
+    if ending == "stop string inside the call":
+        return BEFORE + call, {"max_tokens": 400, "stop": ["Dublin"]}
+    if ending == "max_tokens inside the call":
+        return BEFORE + call, {"max_tokens": len(BEFORE) + call.index("Dublin") + 2}
+    return BEFORE + call + AFTER, {"max_tokens": len(BEFORE + call) + 6}   # max_tokens after the call
+
+
+def _expected(parser: str, ending: str) -> tuple[str, list[tuple[str, Any]], str]:
+    """(content, [(name, arguments object)], finish_reason) the rules give."""
+    text, fields = _script(parser, ending)
+    if ending == "stop string inside the call":
+        return text[: text.index("Dublin")], [], "stop"
+    cut = text[: fields["max_tokens"]]
+    parsed = get_tool_parser(parser)().parse(cut)
+    calls = [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
+    if ending == "max_tokens inside the call":
+        return cut, [], "length"
+    return parsed.content, calls, "tool_calls"
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(max_model_len=8192)
+
+
+@pytest.fixture(params=list(CALLS))
+def parser(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+async def app(engine: FakeEngine, parser: str) -> AsyncIterator[FastAPI]:
+    app = create_app(engine, ServerConfig(sse_ping_interval_s=0, tool_call_parser=parser, constrain_auto_tools=False))
+    yield app
+    app.state.responses.store.close()
+
+
+def _play(engine: FakeEngine, text: str) -> None:
+    def script(request: EngineRequest, index: int) -> str:
+        return text
+
+    engine.script_for = script
+
+
+async def _chat(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tuple[str, Any]], str]:
+    body = dict(model="fake-model", messages=[{"role": "user", "content": "Weather?"}], n=2, temperature=0,
+                tools=[{"type": "function", "function": WEATHER}], **fields)
+    async with sdk_client(app) as client:
+        whole = await client.chat.completions.create(**body)
+        chunks = [c async for c in await client.chat.completions.create(**body, stream=True)]
+    results = []
+    for choice in whole.choices:
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+        results.append((choice.message.content or "", calls, choice.finish_reason))
+    for index, result in enumerate(results):
+        content, calls, reasons = "", {}, []
+        for chunk in chunks:
+            for choice in (c for c in chunk.choices if c.index == index):
+                content += choice.delta.content or ""
+                for delta in choice.delta.tool_calls or []:
+                    calls.setdefault(delta.index, [delta.function.name, ""])[1] += delta.function.arguments or ""
+                reasons += [choice.finish_reason] if choice.finish_reason else []
+        assert (content, [(n, json.loads(a)) for n, a in calls.values()], reasons) == (*result[:2], [result[2]])
+    assert results[0] == results[1]
+    return results[0]
+
+
+async def _responses(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tuple[str, Any]], str]:
+    body: dict[str, Any] = dict(model="fake-model", input="Weather?", temperature=0,
+                                tools=[{"type": "function", **WEATHER}], max_output_tokens=fields["max_tokens"])
+    async with sdk_client(app) as client:
+        whole = await client.responses.create(**body)
+        events = [e async for e in await client.responses.create(**body, stream=True)]
+    got = []
+    for response in (whole, events[-1].response):
+        calls = [(i.name, json.loads(i.arguments)) for i in response.output if i.type == "function_call"]
+        got.append((response.output_text, calls, response.status))
+    assert got[0] == got[1]
+    return got[0]
+
+
+async def _messages(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tuple[str, Any]], str, str | None]:
+    body: dict[str, Any] = dict(model="fake-model", messages=[{"role": "user", "content": "Weather?"}],
+                                max_tokens=fields["max_tokens"], tools=[{"name": WEATHER["name"],
+                                "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}])
+    if "stop" in fields:
+        body["stop_sequences"] = fields["stop"]
+    return await messages_whole_and_streamed(app, body)
+
+
+@pytest.mark.parametrize("ending", ["EOS after the call", "stop string inside the call",
+                                    "max_tokens inside the call", "max_tokens after the call"])
+async def test_ending_in_auto_parse_only(app: FastAPI, engine: FakeEngine, parser: str, ending: str) -> None:
+    text, fields = _script(parser, ending)
+    _play(engine, text)
+    expected = _expected(parser, ending)
+    assert await _chat(app, fields) == expected
+    content, calls, finish_reason = expected
+    if "stop" not in fields:   # Responses has no stop sequences
+        output_text, response_calls, status = await _responses(app, fields)
+        assert (response_calls, status) == (calls, "incomplete" if finish_reason == "length" else "completed")
+        assert output_text.replace("\n", "") == content.replace("\n", "")
+    text_out, uses, stop_reason, stop_sequence = await _messages(app, fields)
+    assert (text_out.replace("\n", ""), uses) == (content.replace("\n", ""), calls)
+    if "stop" in fields:
+        assert (stop_reason, stop_sequence) == ("stop_sequence", "Dublin")
+    else:
+        assert stop_reason == ANTHROPIC_STOP[finish_reason]
+
+
+@pytest.mark.parametrize("failure", [RequestTimedOut("the request did not finish within 2 s (--request-timeout)"),
+                                     RequestAborted("the server aborted the request")])
+async def test_timeout_or_abort_inside_a_call_fails_without_markup(
+    app: FastAPI, engine: FakeEngine, parser: str, failure: Exception
+) -> None:
+    """A timeout or an abort (shutdown) while a call is open is no ending: whole, the request fails
+    (408 / 503, the API's error body); streamed, what went out before is the text ahead of the
+    call, never its markup, then one error event (chat) / error + response.failed (Responses) /
+    an Anthropic error event."""
+    _play(engine, BEFORE + CALLS[parser])
+    engine.fail_after_tokens = len(BEFORE) + CALLS[parser].index("Dublin")
+    engine.failure = failure
+    status = 408 if isinstance(failure, RequestTimedOut) else 503
+    tools = [{"type": "function", "function": WEATHER}]
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        assert (await client.post("/v1/chat/completions", json=chat)).status_code == status
+        streamed = await client.post("/v1/chat/completions", json={**chat, "stream": True})
+        events = [json.loads(p) for p in sse_events(streamed.text)]
+        content = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"])
+        assert content == BEFORE.rstrip("\n") and "error" in events[-1]
+        assert not any(c["delta"].get("tool_calls") for e in events[:-1] for c in e["choices"])
+        body = {"model": "fake-model", "input": "Weather?", "tools": [{"type": "function", **WEATHER}]}
+        assert (await client.post("/v1/responses", json=body)).status_code == status
+        lines = (await client.post("/v1/responses", json={**body, "stream": True})).text.splitlines()
+        events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+        assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+        assert not any(e["type"].startswith("response.function_call") for e in events)
+        messages = {"model": "fake-model", "max_tokens": 400, "messages": [{"role": "user", "content": "Weather?"}],
+                    "tools": [{"name": "get_weather", "input_schema": WEATHER["parameters"]}]}
+        assert (await client.post("/v1/messages", json=messages)).status_code == status
+        text = (await client.post("/v1/messages", json={**messages, "stream": True})).text
+        assert "event: error" in text and "tool_use" not in text
