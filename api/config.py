@@ -32,6 +32,9 @@ class ServerConfig:
         default, since OpenAI returns the cut text with finish_reason "length".
     responses_db: SQLite file of stored /v1/responses objects (its folder is created); ":memory:"
         keeps them for the life of the process. The CLI default is `data/responses.sqlite3`.
+    response_id_prefix: how every /v1/responses id starts; an engine replica of
+        `--data-parallel-size` writes its rank into it (`api/replicas/response_owner.py`), which is
+        how the request router finds the replica owning a stored response.
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     shutdown_grace_s: seconds running requests get to finish after SIGTERM before they are aborted
         (`api/http/shutdown.py`); raises ValueError when negative.
@@ -56,6 +59,7 @@ class ServerConfig:
     close_tool_calls: bool = True
     close_structured_outputs: bool = False
     responses_db: str = ":memory:"
+    response_id_prefix: str = "resp_"
     allow_runtime_lora: bool = False
     shutdown_grace_s: float = 30.0
 
