@@ -138,12 +138,17 @@ class Ingress:
         return answers
 
     async def _collect(self, forwarded: ForwardedRequest) -> tuple[ResponseStart, bytes] | None:
+        """The targeted replica's whole answer; None when it did not answer in time or another
+        replica did (no live replica has that rank: it died and its replacement is not up yet)."""
         stream = self._engines.forward.remote(forwarded)
         try:
-            return await asyncio.wait_for(_whole(stream), FAN_OUT_TIMEOUT_S)
+            start, body = await asyncio.wait_for(_whole(stream), FAN_OUT_TIMEOUT_S)
         except (RayError, asyncio.TimeoutError, StopAsyncIteration):
             stream.cancel()
             return None
+        if _header(start, REPLICA_HEADER) != str(forwarded.facts.target_rank):
+            return None
+        return start, body
 
     async def _health(self, forwarded: ForwardedRequest) -> Response:
         answers = await self._fan_out(forwarded)

@@ -1,8 +1,10 @@
 """The routing policy, as a pure function of the replicas' state and the request's facts.
 
 In order (issue 16 item 2):
-1. a request for one replica (`target_rank`: the ingress's /health and /metrics fan-out) goes there
-   or waits for it;
+1. a request for one replica (`target_rank`: the ingress's /health and /metrics fan-out) goes there;
+   while no live replica has that rank it is routed like any other request, and the ingress,
+   reading `x-structserve-replica` on the answer, counts the rank as down (a router that returned
+   no replica would leave Serve retrying it forever, cancelled or not);
 2. a request naming a stored response goes to the replica owning it (`owner_rank`) while that
    replica is alive, and to no other (no other replica holds the response);
 3. else the replica whose recorded prompt prefixes match the most leading chunks of this prompt
@@ -41,16 +43,14 @@ class CandidateState:
 
 def order_candidates(candidates: Sequence[CandidateState], facts: RoutingFacts, index: PrefixIndex,
                      imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD) -> list[CandidateState]:
-    """The candidates to try, most preferred first (rules in the module docstring); empty when the
-    request is for one replica that is not among them. Raises ValueError for a negative threshold."""
+    """The candidates to try, most preferred first (rules in the module docstring); empty only when
+    there are no candidates. Raises ValueError for a negative threshold."""
     if imbalance_threshold < 0:
         raise ValueError(f"imbalance_threshold must be >= 0, not {imbalance_threshold}")
-    if facts.target_rank is not None:
-        return [c for c in candidates if c.rank == facts.target_rank]
-    if facts.owner_rank is not None:
-        owners = [c for c in candidates if c.rank == facts.owner_rank]
-        if owners:
-            return owners
+    for rank in (facts.target_rank, facts.owner_rank):
+        chosen = [c for c in candidates if rank is not None and c.rank == rank]
+        if chosen:
+            return chosen
     by_load = sorted(candidates, key=lambda c: (c.queue_len, c.num_routed))
     if not by_load:
         return []

@@ -40,8 +40,8 @@ class StructserveRequestRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        """One group per replica, most preferred first; [] while a targeted replica is absent (Serve
-        backs off and asks again)."""
+        """One group per replica, most preferred first (never empty while there are candidates:
+        Serve keeps retrying a request whose router returns nothing, even after it is cancelled)."""
         facts = _facts(pending_request)
         by_key = {replica.replica_id: replica for replica in candidate_replicas}
         states = [self._state(replica) for replica in candidate_replicas]
