@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -27,11 +26,12 @@ from ray import serve
 from ray.exceptions import RayError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from api.config import ServerConfig
 from api.errors import ReplicaUnavailable
 from api.http.errors import error_response, is_anthropic_route
+from api.protocol.common import ErrorInfo, ErrorResponse
 from api.replicas.asgi_call import ResponseStart, call_app
 from api.replicas.forwarded import ForwardedRequest, RoutingFacts, routing_facts
 from api.replicas.metrics_merge import merge_metrics
@@ -155,9 +155,9 @@ class Ingress:
         down = [rank for rank, answer in enumerate(answers) if answer is None or answer[0].status != 200]
         if not down:
             return Response(status_code=200)
-        body = {"error": {"message": f"engine replicas not healthy: {down}", "type": "server_error",
-                          "param": None, "code": "engine_dead"}}
-        return Response(json.dumps(body), status_code=503, media_type="application/json")
+        body = ErrorResponse(error=ErrorInfo(message=f"engine replicas not healthy: {down}", type="server_error",
+                                             code="engine_dead"))
+        return JSONResponse(body.model_dump(), status_code=503)
 
     async def _metrics(self, forwarded: ForwardedRequest) -> Response:
         answers = await self._fan_out(forwarded)
@@ -184,7 +184,7 @@ async def _body(stream: DeploymentResponseGenerator, path: str, start: ResponseS
     except RayError as exc:
         logger.warning("engine replica %s died while streaming %s: %s", _header(start, REPLICA_HEADER), path, exc)
         if _header(start, b"content-type").startswith("text/event-stream"):
-            yield _sse_error(path, exc)
+            yield _sse_error(path)
     finally:
         stream.cancel()   # the client went away (or the stream ended): the replica's app sees a disconnect
 
@@ -198,7 +198,7 @@ def _unavailable_message() -> str:
     return "the engine replica serving this request stopped; retry (other replicas keep serving)"
 
 
-def _sse_error(path: str, exc: BaseException) -> bytes:
+def _sse_error(path: str) -> bytes:
     response = error_response(ReplicaUnavailable(_unavailable_message()), path=path)
     if is_anthropic_route(path):
         return b"event: error\ndata: " + bytes(response.body) + b"\n\n"
