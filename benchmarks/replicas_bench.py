@@ -30,7 +30,7 @@ TOPICS = ("astronomy", "cooking", "tax law", "sailing")
 def system_prompt(topic: str) -> str:
     """About 1,000 SmolLM2 tokens of rules about `topic` (its first words already differ per topic)."""
     rules = " ".join(f"Rule {i} for {topic}: answer questions on {topic} subtopic {i} briefly, "
-                     f"politely and with one concrete example." for i in range(56))
+                     f"politely and with one concrete example." for i in range(38))
     return f"You are an expert assistant on {topic}. {rules}"
 
 

@@ -75,9 +75,9 @@ def test_an_adapter_request_goes_to_the_replica_that_has_it_loaded(replicas, cas
                         json={"lora_name": "sql", "lora_path": str(case_adapters["adapter-a"])})
     assert loaded.status_code == 200, loaded.text
     owner = loaded.headers[REPLICA]
-    time.sleep(3.0)   # the replicas report their loaded adapters to the router every second
-    landed = [chat(replicas, "You write SQL.", f"Query number {i}", model="sql")[0] for i in range(3)]
-    assert landed == [owner] * 3
+    time.sleep(5.0)   # the replicas report their loaded adapters to the router every second
+    landed = [chat(replicas, "You write SQL.", f"Query number {i}", model="sql")[0] for i in range(4)]
+    assert landed == [owner] * 4   # the other replica has no "sql": it would answer 404
 
 
 def test_previous_response_id_and_background_responses_follow_their_owner(replicas) -> None:
