@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -40,3 +41,12 @@ def test_the_replica_flags_parse_and_refuse_bad_values() -> None:
                    {"num_replicas": 2, "imbalance_threshold": -1}):
         with pytest.raises(ValueError):
             ReplicasConfig(**kwargs)
+
+
+def test_cpu_threads_are_divided_between_the_replicas() -> None:
+    from api.replicas.launch import replica_threads
+    from engine import EngineConfig
+
+    assert replica_threads(EngineConfig(num_threads=3), 2) == 3
+    assert replica_threads(EngineConfig(), 2) == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert replica_threads(EngineConfig(), 1000) == 1
