@@ -121,6 +121,9 @@ class Ingress:
         except (RayError, StopAsyncIteration) as exc:
             stream.cancel()
             return _unavailable(forwarded.path, exc)
+        except asyncio.CancelledError:   # the client went away before the answer started
+            stream.cancel()
+            raise
         assert isinstance(start, ResponseStart), "EngineReplica.forward yields its ResponseStart first"
         response = StreamingResponse(_body(stream, forwarded.path, start), status_code=start.status)
         response.raw_headers = list(start.headers)
