@@ -39,8 +39,9 @@ def path_response_id(path: str) -> str | None:
 
 def replica_responses_db(responses_db: str, rank: int) -> str:
     """The store file of the replica of `rank`: "data/responses.sqlite3" -> "<abs>/data/responses.r0.sqlite3"
-    (absolute: a Ray worker's working directory is not the CLI's); ":memory:" stays in memory."""
-    if responses_db == MEMORY:
-        return MEMORY
+    (absolute: a Ray worker's working directory is not the CLI's); ":memory:" stays in memory, and a
+    database URL ("postgresql://...", a store every replica shares) stays as it is."""
+    if responses_db == MEMORY or "://" in responses_db:
+        return responses_db
     path = Path(responses_db).expanduser().resolve()
     return str(path.with_name(f"{path.stem}.r{rank}{path.suffix}"))

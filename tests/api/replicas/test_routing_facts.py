@@ -53,6 +53,7 @@ def test_response_ids_carry_their_owner_rank() -> None:
 
 def test_each_rank_has_its_own_store_file(tmp_path) -> None:
     assert replica_responses_db(":memory:", 1) == ":memory:"
+    assert replica_responses_db("postgresql://u@h:5432/db", 1) == "postgresql://u@h:5432/db"   # shared
     assert replica_responses_db(str(tmp_path / "responses.sqlite3"), 1) == str(tmp_path / "responses.r1.sqlite3")
 
 
