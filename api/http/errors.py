@@ -29,6 +29,7 @@ from api.errors import (
     PreviousResponseNotFound,
     RequestAborted,
     RequestGrammarError,
+    ReplicaUnavailable,
     ResponseNotFound,
     ServerShuttingDown,
 )
@@ -77,6 +78,7 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     GrammarError: (500, "server_error", None),  # GrammarConfigError: a server setup fault
     RequestAborted: (503, "server_error", "request_aborted"),
     ServerShuttingDown: (503, "server_error", "shutting_down"),
+    ReplicaUnavailable: (503, "server_error", "replica_unavailable"),
 }
 _INTERNAL: tuple[int, str, str | None] = (500, "server_error", None)
 # Exceptions whose `message` and `param` are written for clients.
@@ -191,7 +193,7 @@ def error_headers(exc: BaseException) -> dict[str, str] | None:
     (RETRY_AFTER_S seconds) when a retry later may succeed; None when there are none."""
     if isinstance(exc, AuthenticationFailed):
         return {"WWW-Authenticate": "Bearer"}
-    if isinstance(exc, (EngineOverloaded, ServerShuttingDown)):
+    if isinstance(exc, (EngineOverloaded, ServerShuttingDown, ReplicaUnavailable)):
         return {"Retry-After": str(RETRY_AFTER_S)}
     return None
 

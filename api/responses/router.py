@@ -58,7 +58,7 @@ async def create_response(request: Request, context: Context, responses: Respons
         history = found
     engine = context.engine
     translated = await asyncio.to_thread(translate, body, history, model.lora_name)
-    response_id = f"resp_{uuid.uuid4().hex}"
+    response_id = f"{context.config.response_id_prefix}{uuid.uuid4().hex}"
     generation = await prepare(engine.tokenizer, context.config, response_id, translated.inputs)
     grammar_param = generation.constraints.grammar_param
     run = ResponseRun(
