@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.run_bench import free_port, wait_healthy  # noqa: E402
+from benchmarks.server_process import start_server, stop_servers  # noqa: E402
 from engine.attention_metadata import AttentionMetadata  # noqa: E402
 from engine.model_loader import default_model_path, load_model_weights  # noqa: E402
 from engine.threads import configure_threads  # noqa: E402
@@ -80,16 +79,12 @@ def set_crossover(model, rows: int) -> None:
 
 def server_rss_mib(args: list[str]) -> float:
     """VmRSS of a healthy `structserve serve --kv-cache-memory 512MiB` process, MiB."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "serve", "--port", str(port), "--kv-cache-memory",
-                             "512MiB", *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = start_server(["--kv-cache-memory", "512MiB", *args])
     try:
-        wait_healthy(f"http://127.0.0.1:{port}", proc)
-        status = Path(f"/proc/{proc.pid}/status").read_text()
+        status = Path(f"/proc/{server.proc.pid}/status").read_text()
         return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop_servers(server)
 
 
 def main() -> None:

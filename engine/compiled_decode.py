@@ -146,7 +146,9 @@ class CompiledDecode:
         """Float32 logits `[num_seqs, vocab_size]` of a decode-only step, K/V written to `kv_caches`.
 
         input_ids, positions: int64 [num_seqs]; meta: decode_only=True, block_tables with at least
-        MIN_BLOCK_TABLE_WIDTH columns (the caches' last block is their scratch block). Raises
+        MIN_BLOCK_TABLE_WIDTH columns (the caches' last block is their scratch block). Each cache
+        tensor must have a storage of its own (engine/kv_memory.py): caches that are views of one
+        storage are aliases to the graph, which then copies a whole cache to write one slot. Raises
         CompiledDecodeUnavailable before `ready`, or when the call would compile a new graph
         (nothing was written then).
         """

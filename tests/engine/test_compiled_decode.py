@@ -166,3 +166,24 @@ def test_warm_up_covers_each_side_of_every_weight_copy_crossover() -> None:
     assert [n for n, _ in warm_up_shapes(two)] == [2, 5, 9]
     dense = SimpleNamespace(weight_summary=None)
     assert warm_up_shapes(dense) == [WARM_UP_SHAPE]
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def test_a_compiled_step_writes_the_cache_in_place(compiled_tiny) -> None:
+    """A decode step touches only its sequences' blocks: a graph that copied a cache to write one slot
+    into it (as it did when the caches were views of one storage) would make all of it resident and
+    stream it every step."""
+    model, arch, compiled = compiled_tiny
+    engine = make_engine(compiled_tiny, num_blocks=16384)
+    cache_mib = sum(k.numel() * k.element_size() * 2 for k, _ in engine.runner.kv_caches) / 2**20
+    assert cache_mib >= 128
+    with torch.inference_mode():
+        input_ids, positions, meta = decode_step(engine, [20, 5], seed=3)
+        before = _rss_mib()
+        compiled.run(input_ids, positions, engine.runner.kv_caches, dataclasses.replace(meta, decode_only=True))
+        grown = _rss_mib() - before
+    assert grown < cache_mib / 8, f"{grown:.0f} MiB resident after one step over a {cache_mib:.0f} MiB cache"

@@ -24,6 +24,14 @@ def test_zeroed_cache_is_zero_and_tensors_do_not_overlap() -> None:
     assert bool((caches[0] == 0).all()) and bool((caches[2] == 0).all()) and bool((caches[1] == 7).all())
 
 
+def test_zeroed_cache_tensors_have_storages_of_their_own() -> None:
+    """Views of one storage are aliases to torch.compile: a K/V write would copy the whole storage."""
+    caches = zeroed_cache(4, (3, 16, 2, 8), torch.float32, torch.device("cpu"))
+    pointers = {c.untyped_storage().data_ptr() for c in caches}
+    assert len(pointers) == 4
+    assert all(c.untyped_storage().nbytes() == c.numel() * c.element_size() for c in caches)
+
+
 def test_zeroed_cache_becomes_resident_only_where_written() -> None:
     before = _rss_mib()
     caches = zeroed_cache(8, (1024, 16, 4, 64), torch.float32, torch.device("cpu"))   # 128 MiB

@@ -15,7 +15,7 @@ from engine.logits_processors import apply_bias_and_bans, apply_penalties
 from engine.sampler import Sampler, blocked_argmax
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
-from engine.top_k_top_p import CANDIDATE_CAPS, top_k_top_p_candidates
+from engine.top_k_top_p import CANDIDATE_CAPS, blocked_topk, top_k_top_p_candidates
 
 VOCAB = 5000          # above the largest candidate cap, so every tier runs
 EOS = 2
@@ -208,3 +208,17 @@ def test_blocked_argmax_equals_torch_argmax(vocab):
     logits = logits.repeat(2, 1)                       # 16 rows: the blocked path
     assert torch.equal(blocked_argmax(logits), logits.argmax(dim=-1))
     assert torch.equal(blocked_argmax(logits[:1]), logits[:1].argmax(dim=-1))
+
+
+@pytest.mark.parametrize(("width", "k"), [(49152, 32), (49152, 256), (16384, 32), (5000, 32), (4096, 7)])
+def test_blocked_topk_equals_topk(width: int, k: int) -> None:
+    """The block-maxima top-k gives torch.topk's values and ids (no ties in these rows), also for
+    rows whose largest entries crowd into one block and rows with -inf (masked) entries."""
+    gen = torch.Generator().manual_seed(width + k)
+    logits = torch.randn(6, width, generator=gen) * 3
+    logits[1, 128:128 + 2 * k] += 40.0                       # the top k all in one or two blocks
+    logits[2, : width // 2] = float("-inf")                  # half the row masked
+    values, ids = blocked_topk(logits, k)
+    want_values, want_ids = logits.topk(k, dim=-1)
+    assert torch.equal(values, want_values) and torch.equal(ids, want_ids)
+    assert ids.dtype == torch.int64
