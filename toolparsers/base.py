@@ -301,6 +301,7 @@ class ToolParser(ABC):
         """Headers of newly named open calls and the new part of each open call's arguments."""
         for position, open_call in enumerate(open_calls):
             if position == len(self._streamed):
+                self._emitter.call()   # the whitespace before the call is not content
                 streamed = _Streamed(self._num_calls, new_call_id(), open_call.name)
                 self._streamed.append(streamed)
                 self._num_calls += 1

@@ -175,3 +175,16 @@ async def test_malformed_input_keeps_its_parsed_prefix_and_the_rest_is_text(
     texts = "".join(d["delta"]["text"] for n, d in events
                     if n == "content_block_delta" and d["delta"]["type"] == "text_delta")
     assert partial_json_loads(fragments, Allow.ALL) == {"city": "Oslo"} and texts == "}"
+
+
+async def test_call_cut_by_max_tokens_is_stopped_and_left_out(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    play(engine, text)
+    fields = {"tools": TOOLS, "max_tokens": text.index("gwyngyll")}
+    events = typed_events((await client.post("/v1/messages", json=body(stream=True, **fields))).text)
+    starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
+    assert starts == ["text", "tool_use"] and [d["index"] for n, d in events if n == "content_block_stop"] == [0, 1]
+    assert sum(n == "content_block_delta" and d["delta"]["type"] == "input_json_delta" for n, d in events) > 1
+    whole = (await client.post("/v1/messages", json=body(**fields))).json()
+    assert [b["type"] for b in whole["content"]] == ["text"] and whole["stop_reason"] == "max_tokens"
+    assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"

@@ -179,3 +179,22 @@ async def test_failure_mid_stream_is_error_then_failed(client: httpx.AsyncClient
 async def test_errors_before_the_stream_are_http_errors(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/responses", json={"input": "x" * 5000, "stream": True})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+async def test_call_cut_by_max_output_tokens_is_closed_incomplete_and_left_out(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """Its header and first fragments streamed; the cut closes the item (done events, status
+    "incomplete") and the response's output, whole and streamed, leaves it out."""
+    text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    play(engine, text)
+    fields = {"input": "x", "tools": [GET_WEATHER], "max_output_tokens": text.index("gwyngyll")}
+    events = await stream(client, **fields)
+    types = [e["type"] for e in events]
+    assert types.count("response.function_call_arguments.delta") > 1
+    [done] = [e for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
+    assert done["item"]["status"] == "incomplete"
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.incomplete"
+    assert [i["type"] for i in final["output"]] == ["message"]
+    assert without_ids(final["output"]) == without_ids((await whole(client, **fields))["output"])
