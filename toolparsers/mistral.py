@@ -197,6 +197,7 @@ def _parse_list_or_streamed(text: str, j: int, end: int) -> list[Segment] | None
     rest_from = stop
     for item in items:
         call = header_call_segments(text, item.start, stop, (item.name, item.reader.start))[0]
+        assert isinstance(call, Call)
         segments.append(call)
         item_end = find_closing(text[:stop], item.start)
         rest_from = item_end if item_end >= 0 else item.reader.start + len(call.arguments)

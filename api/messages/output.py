@@ -5,7 +5,7 @@ Text goes through the request's `OutputReader` (`api/generation/reader.py`): con
 text block; a tool call opens a tool_use block (`toolu_...` id, `input: {}`) when its header is
 read, its arguments go out as input_json_delta fragments as they are generated, and the block
 stops when the call is complete. Each fragment leaves a prefix that is valid partial JSON
-(`toolparsers.json_prefix`), so the SDK's partial parse of each prefix never fails. A call whose
+(`toolparsers.JsonObjectPrefix`), so the SDK's partial parse of each prefix never fails. A call whose
 arguments turn out not to be a JSON object (possible only when the call was not constrained)
 keeps as `input` what its sent prefix parses to (partial-json-parser) and the rest of its text
 becomes a text block after it, so nothing the model wrote is dropped. A call cut off by
@@ -52,8 +52,7 @@ from api.messages.objects import (
 )
 from api.protocol.response_meta import ResponseMeta
 from engine import CompletionDelta, RequestOutput
-from toolparsers import ToolCallDelta
-from toolparsers.json_prefix import JsonObjectPrefix
+from toolparsers import JsonObjectPrefix, ToolCallDelta
 
 logger = logging.getLogger(__name__)
 

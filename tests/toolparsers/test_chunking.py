@@ -45,6 +45,9 @@ SAMPLES: dict[str, list[str]] = {
         "<tool_call><tool_call>" + H_CALL[len("<tool_call>"):] + "  \n\n  ",
         '<tool_call>{"name": "f", "arguments": {"t": "a </tool_call> b"}}</tool_call>',
         '<tool_call>{"name": "f", "arguments": {"a": 1}</tool_call> then ' + H_CALL,
+        # streamed then broken (the header went out): the model's text stays the arguments
+        '<tool_call>{"name": "f", "arguments": {"s": "\\ud83d\\ude00 \\u00e9", "n": 12, "b": tru}}</tool_call>x',
+        '<tool_call>{"name": "f", "arguments": {"s": "open string',
     ],
     "llama3_json": [
         "",
@@ -67,6 +70,7 @@ SAMPLES: dict[str, list[str]] = {
         "[TOOL_CALLS] nope, no call here. [TOOL_CALLS][{\"name\": \"x\"}]",
         '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}',
         "[TOOL_CALLS]get_weather[AR",
+        '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": [1, }}] tail',
     ],
     "pythonic": [
         "",
@@ -78,6 +82,7 @@ SAMPLES: dict[str, list[str]] = {
         "[f(1, 2)] positional is not a call",
         "[f(x=set())] and [g(a=1",
         "trailing [ get_w",
+        "[f(a=1, b='x, y'), g(c=[1, 2], d=oops)] after",
     ],
     "qwen3_coder": [
         "",
