@@ -14,10 +14,12 @@ from toolparsers.json_prefix import JsonObjectPrefix
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
-# `{"name": "NAME", "arguments": {` (or "parameters"): a JSON call whose name is known and whose
-# arguments object has begun, so it can stream (the lookahead stops at the arguments' "{").
+# `{"name": "NAME", "arguments": {` (or "parameters"; Llama 3.2's `"type": "function", ` may come
+# first): a JSON call whose name is known and whose arguments object has begun, so it can stream
+# (the lookahead stops at the arguments' "{").
 _JSON_CALL_HEADER = re.compile(
-    r'\{[ \t\n\r]*"name"[ \t\n\r]*:[ \t\n\r]*("(?:[^"\\\x00-\x1f]|\\.)*")[ \t\n\r]*,[ \t\n\r]*'
+    r'\{[ \t\n\r]*(?:"type"[ \t\n\r]*:[ \t\n\r]*"function"[ \t\n\r]*,[ \t\n\r]*)?'
+    r'"name"[ \t\n\r]*:[ \t\n\r]*("(?:[^"\\\x00-\x1f]|\\.)*")[ \t\n\r]*,[ \t\n\r]*'
     r'"(?:arguments|parameters)"[ \t\n\r]*:[ \t\n\r]*(?=\{)'
 )
 
@@ -130,7 +132,7 @@ def call_from_members(
 
 def json_call_header(text: str, pos: int) -> tuple[str, int] | None:
     """For a call object at `text[pos]` that starts `{"name": "NAME", "arguments": {` ("parameters"
-    also): (the stripped NAME, index of the arguments' "{"); None when it does not (yet) start so,
+    also, `"type": "function"` first also): (the stripped NAME, index of the arguments' "{"); None when it does not (yet) start so,
     or the name is empty or not a valid JSON string."""
     match = _JSON_CALL_HEADER.match(text, pos)
     if match is None:
