@@ -7,7 +7,9 @@ working tree), starts `structserve serve` (SmolLM2, model name smollm2) and runs
 `tools` (tool_choice required) and `json_schema` loads at concurrency 1 and 8, alternating, each
 `--repeats` times (medians). The loadgen's TTFT of a tools request is its first delta carrying a tool
 call; a probe also times the first delta carrying an argument fragment (non-empty
-`function.arguments`), which is what a client rendering the call waits for. Prints ONE JSON line:
+`function.arguments`), which is what a client rendering the call waits for. A tools prompt is about
+5x longer than a json_schema one (the tools' definitions), so json_schema also runs with its prompt
+padded to the same length (`--prompt-tokens`). Prints ONE JSON line:
 per checkout and load the TTFT p50 (ms), output tok/s and validity, the probe's time to the first
 argument fragment p50, and the ratios the issue targets (tools TTFT / json_schema TTFT <= 1.3 at
 the same concurrency; tools throughput after / before within +-5%). Loopback only, bounded loads.
@@ -33,6 +35,12 @@ LOADS = {
     "json_schema_c1": ["--mode", "json_schema", "--concurrency", "1", "--requests", "6"],
     "tools_c8": ["--mode", "tools", "--tool-choice", "required", "--concurrency", "8", "--requests", "16"],
     "json_schema_c8": ["--mode", "json_schema", "--concurrency", "8", "--requests", "16"],
+    # the same json_schema requests with a prompt as long as a tools prompt (about 320 tokens: the
+    # tools' definitions are in the system prompt), so that prefill is the same on both sides
+    "json_schema_long_c1": ["--mode", "json_schema", "--concurrency", "1", "--requests", "6",
+                            "--prompt-tokens", "260"],
+    "json_schema_long_c8": ["--mode", "json_schema", "--concurrency", "8", "--requests", "16",
+                            "--prompt-tokens", "260"],
 }
 
 
@@ -107,6 +115,9 @@ def _figures(runs: dict[str, list[dict]], probe: dict[str, list[float]]) -> dict
         figures[f"tools_over_json_schema_ttft_{c}"] = round(tools["ttft_p50_ms"] / schema["ttft_p50_ms"], 3)
         figures[f"first_fragment_over_json_schema_ttft_{c}"] = round(
             figures[f"first_fragment_{c}_p50_ms"] / schema["ttft_p50_ms"], 3)
+        long_schema = figures[f"json_schema_long_{c}"]
+        figures[f"tools_over_same_length_json_schema_ttft_{c}"] = round(
+            tools["ttft_p50_ms"] / long_schema["ttft_p50_ms"], 3)
     return figures
 
 

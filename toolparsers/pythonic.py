@@ -208,7 +208,8 @@ def _member(key: str, value_source: str) -> str | None:
 
 def _json_member(key: str, value: Any) -> str | None:
     try:
-        return json.dumps(key, ensure_ascii=False) + ": " + json.dumps(value, ensure_ascii=False, allow_nan=False)
+        value_json = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return json.dumps(key, ensure_ascii=False) + ": " + value_json
     except (TypeError, ValueError):
         return None
 

@@ -132,8 +132,8 @@ def call_from_members(
 
 def json_call_header(text: str, pos: int) -> tuple[str, int] | None:
     """For a call object at `text[pos]` that starts `{"name": "NAME", "arguments": {` ("parameters"
-    also, `"type": "function"` first also): (the stripped NAME, index of the arguments' "{"); None when it does not (yet) start so,
-    or the name is empty or not a valid JSON string."""
+    also, `"type": "function"` first also): (the stripped NAME, index of the arguments' "{"); None
+    when it does not (yet) start so, or the name is empty or not a valid JSON string."""
     match = _JSON_CALL_HEADER.match(text, pos)
     if match is None:
         return None
@@ -168,7 +168,9 @@ def header_call_segments(text: str, pos: int, stop: int, header: tuple[str, int]
     return segments
 
 
-def open_json_call(text: str, pos: int, reader_at: Callable[[int], JsonObjectPrefix]) -> OpenCallPrefix | None:
+def open_json_call(
+    text: str, pos: int, reader_at: Callable[[int], JsonObjectPrefix]
+) -> OpenCallPrefix | None:
     """The streamable part of a JSON call starting at `text[pos]`: (name, arguments prefix, closed)
     once its header is written (`json_call_header`), else None. `reader_at(start)` gives the
     resumable JSON reader of the arguments at `start`, advanced over `text`."""

@@ -227,7 +227,8 @@ class MessageBuilder:
         block.input = value if isinstance(value, dict) else {}
         events.append(ContentBlockStop(index=tool.block))
         if not complete:
-            logger.info("request %s: call of %s with malformed arguments: the rest is text", self.meta.id, block.name)
+            logger.info("request %s: call of %s with malformed arguments: the rest is text",
+                        self.meta.id, block.name)
             events += self._text(tool.text[tool.sent:])
         return events
 

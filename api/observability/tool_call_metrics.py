@@ -77,7 +77,9 @@ class ToolCallCounter:
             return False  # a schema jsonschema cannot apply: the call cannot be shown valid
 
 
-def tool_call_counter(request: Request, tool_calling: ToolCalling | None, arrival_time: float) -> ToolCallCounter | None:
+def tool_call_counter(
+    request: Request, tool_calling: ToolCalling | None, arrival_time: float
+) -> ToolCallCounter | None:
     """The counter for `request`'s tool calls (`arrival_time`: its EngineRequest's, time.monotonic()
     seconds); None when it parses none or the app has no metrics."""
     metrics = app_metrics(request)
