@@ -125,7 +125,14 @@ async def _chat(app: Any, tool: dict[str, Any], fields: dict[str, Any]) -> tuple
                 if choice.finish_reason is not None:
                     reasons.append(choice.finish_reason)
         assert len(reasons) == 1
-        assert (content, [tuple(c) for c in calls.values()], reasons[0]) == results[index]
+        streamed = [tuple(c) for c in calls.values()]
+        if reasons[0] == "length" and len(streamed) == len(results[index][1]) + 1:
+            # a call the cut dropped: its header and fragments streamed, the whole answer leaves it out
+            name, arguments = streamed.pop()
+            assert name == tool["name"]
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(arguments)
+        assert (content, streamed, reasons[0]) == results[index]
     assert results[0] == results[1]
     return (*results[0], whole.usage.completion_tokens // 2)
 
