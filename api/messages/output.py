@@ -7,12 +7,16 @@ read, its arguments go out as input_json_delta fragments as they are generated, 
 stops when the call is complete. Each fragment leaves a prefix that is valid partial JSON
 (`toolparsers.JsonObjectPrefix`), so the SDK's partial parse of each prefix never fails. A call whose
 arguments turn out not to be a JSON object (possible only when the call was not constrained)
-keeps as `input` what its sent prefix parses to (partial-json-parser) and the rest of its text
-becomes a text block after it, so nothing the model wrote is dropped. A call cut off by
-max_tokens with a forced tool_choice is stopped in the stream and left out of the message, as a
-whole answer leaves it out. stop_reason maps the reader's one ending decision
-(`api/generation/ending.py`): finish_reason "tool_calls" -> "tool_use", "length" ->
-"max_tokens", "stop" -> "stop_sequence" (with `stop_sequence`) when one of the request's
+keeps as `input` what its sent prefix parses to, and the rest of its text (past what was sent)
+becomes a text block after it. The prefix is parsed as the SDK parses the fragments it assembled
+(jiter's partial mode in the anthropic SDK): a string still open is left out (a call cut in
+`{"city": "Du` has input `{}`; its fragments did carry "Du"), so a whole answer equals the
+streamed one. An "auto" call cut by max_tokens or a stop sequence after its header streamed is
+such a call (`api/generation/ending.py`). A call cut off by max_tokens with a forced tool_choice
+is stopped in the stream and left out of the message, as a whole answer leaves it out (the
+SDK's own assembly of the stream keeps the block it saw start). stop_reason maps the reader's one
+ending decision (`api/generation/ending.py`): finish_reason "tool_calls" -> "tool_use", "length"
+-> "max_tokens", "stop" -> "stop_sequence" (with `stop_sequence`) when one of the request's
 stop_sequences ended it, else "end_turn".
 """
 
@@ -58,6 +62,10 @@ from toolparsers import JsonObjectPrefix, ToolCallDelta
 logger = logging.getLogger(__name__)
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
+
+_CLOSED_STRINGS = Allow.ALL & ~Allow.STR
+"""What partial-json-parser may complete in a malformed call's sent prefix: containers, not a string
+still open (jiter's partial mode, which the anthropic SDK uses, drops it too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +230,8 @@ class MessageBuilder:
         events = self._send_safe(tool)
         complete = tool.reader.end >= 0 and not tool.text[tool.reader.end:].strip()
         sent = tool.text[:tool.sent]
-        value = json.loads(sent) if complete else (partial_json_loads(sent, Allow.ALL) if sent else {})
+        # an open string is left out, as the SDK's partial parse of the streamed fragments leaves it
+        value = json.loads(sent) if complete else (partial_json_loads(sent, _CLOSED_STRINGS) if sent else {})
         block = self.content[tool.block]
         assert isinstance(block, ToolUseContent)
         block.input = value if isinstance(value, dict) else {}
