@@ -8,7 +8,10 @@ An output that ends inside a forced call: never call markup as content; finish_r
 no call (or "tool_calls" when a call was already whole, e.g. pythonic's `[f(x="")` cut before its
 "]"); a stop string or stop token id inside the call is not matched, so the call comes out whole
 ("tool_calls"); a call the closing completed is whole ("tool_calls"). Anthropic's stop_reason and
-the Responses status follow the same decision.
+the Responses status follow the same decision. A call the cut dropped streamed its header and
+first fragments (arguments stream as generated): the stream may show exactly that one trailing
+partial call, its arguments not JSON, when the finish_reason says it was cut (chat here; Messages,
+whose SDK keeps the block it saw start, in `api_support.messages_whole_and_streamed`).
 """
 
 from __future__ import annotations

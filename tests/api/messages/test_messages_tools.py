@@ -177,14 +177,38 @@ async def test_malformed_input_keeps_its_parsed_prefix_and_the_rest_is_text(
     assert partial_json_loads(fragments, Allow.ALL) == {"city": "Oslo"} and texts == "}"
 
 
-async def test_call_cut_by_max_tokens_is_stopped_and_left_out(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+async def test_forced_call_cut_by_max_tokens_is_stopped_and_left_out(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """tool_choice any: its block started and its first fragments streamed; the cut stops the block
+    and the message, whole and streamed, leaves it out (call markup is never text)."""
+    text = call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    play(engine, text)
+    fields = {"tools": TOOLS, "tool_choice": {"type": "any"}, "max_tokens": text.index("gwyngyll")}
+    events = typed_events((await client.post("/v1/messages", json=body(stream=True, **fields))).text)
+    starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
+    assert starts == ["tool_use"] and [d["index"] for n, d in events if n == "content_block_stop"] == [0]
+    assert sum(n == "content_block_delta" and d["delta"]["type"] == "input_json_delta" for n, d in events) > 1
+    assert not any(n == "content_block_delta" and d["delta"]["type"] == "text_delta" for n, d in events)
+    whole = (await client.post("/v1/messages", json=body(**fields))).json()
+    assert whole["content"] == [] and whole["stop_reason"] == "max_tokens"
+    assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"
+
+
+async def test_auto_call_cut_by_max_tokens_keeps_its_block(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    """tool_choice auto, unconstrained: a call whose block started stays a tool_use block (its text
+    is never dropped nor moved); its input is what the streamed prefix parses to ({}: the city
+    string was still open, as the SDK parses it), stop_reason "max_tokens"; stream equals whole."""
     text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
     play(engine, text)
     fields = {"tools": TOOLS, "max_tokens": text.index("gwyngyll")}
     events = typed_events((await client.post("/v1/messages", json=body(stream=True, **fields))).text)
     starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
     assert starts == ["text", "tool_use"] and [d["index"] for n, d in events if n == "content_block_stop"] == [0, 1]
-    assert sum(n == "content_block_delta" and d["delta"]["type"] == "input_json_delta" for n, d in events) > 1
+    fragments = "".join(d["delta"]["partial_json"] for n, d in events
+                        if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta")
+    assert fragments == '{"city": "Llanfairpwll'
     whole = (await client.post("/v1/messages", json=body(**fields))).json()
-    assert [b["type"] for b in whole["content"]] == ["text"] and whole["stop_reason"] == "max_tokens"
-    assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"
+    assert [(b["type"], b.get("text"), b.get("input")) for b in whole["content"]] == [
+        ("text", "Checking.", None), ("tool_use", None, {})]
+    assert whole["stop_reason"] == "max_tokens" and events[-2][1]["delta"]["stop_reason"] == "max_tokens"
