@@ -128,7 +128,8 @@ async def _chat(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tuple[s
                 for delta in choice.delta.tool_calls or []:
                     calls.setdefault(delta.index, [delta.function.name, ""])[1] += delta.function.arguments or ""
                 reasons += [choice.finish_reason] if choice.finish_reason else []
-        assert (content, [(n, _arguments(a)) for n, a in calls.values()], reasons) == (*result[:2], [result[2]])
+        streamed = [(n, _arguments(a)) for n, a in calls.values()]
+        assert (content, streamed, reasons) == (*result[:2], [result[2]])
     assert results[0] == results[1]
     return results[0]
 
@@ -215,7 +216,8 @@ async def test_timeout_or_abort_inside_a_call_fails_without_markup(
         assert content == BEFORE.rstrip("\n") and "error" in events[-1]
         assert not any(c["finish_reason"] for e in events[:-1] for c in e["choices"])
         calls: dict[int, list[str]] = {}
-        for delta in (d for e in events[:-1] for c in e["choices"] for d in c["delta"].get("tool_calls") or []):
+        choices = [c for e in events[:-1] for c in e["choices"]]
+        for delta in (d for c in choices for d in c["delta"].get("tool_calls") or []):
             entry = calls.setdefault(delta["index"], [delta["function"].get("name"), ""])
             entry[1] += delta["function"].get("arguments") or ""
         assert list(calls) == [0]   # the header went out: the name was known, the arguments begun
@@ -225,7 +227,8 @@ async def test_timeout_or_abort_inside_a_call_fails_without_markup(
         lines = (await client.post("/v1/responses", json={**body, "stream": True})).text.splitlines()
         events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
         assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
-        assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == BEFORE.rstrip("\n")
+        texts = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+        assert "".join(texts) == BEFORE.rstrip("\n")
         items = [e["item"] for e in events if e["type"] == "response.output_item.done"
                  and e["item"]["type"] == "function_call"]
         assert [(i["status"], partial(i["arguments"])) for i in items] == [("incomplete", True)]

@@ -195,7 +195,9 @@ async def test_forced_call_cut_by_max_tokens_is_stopped_and_left_out(
     assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"
 
 
-async def test_auto_call_cut_by_max_tokens_keeps_its_block(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+async def test_auto_call_cut_by_max_tokens_keeps_its_block(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
     """tool_choice auto, unconstrained: a call whose block started stays a tool_use block (its text
     is never dropped nor moved); its input is what the streamed prefix parses to ({}: the city
     string was still open, as the SDK parses it), stop_reason "max_tokens"; stream equals whole."""

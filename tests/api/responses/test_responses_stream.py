@@ -238,7 +238,9 @@ async def test_forced_call_cut_by_max_output_tokens_is_closed_incomplete_and_lef
     assert without_ids(final["output"]) == without_ids((await whole(client, **fields))["output"])
 
 
-async def test_auto_call_cut_by_max_output_tokens_stays_a_call(client: httpx.AsyncClient, engine: FakeEngine) -> None:
+async def test_auto_call_cut_by_max_output_tokens_stays_a_call(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
     """tool_choice auto, unconstrained: a call whose header streamed stays in the output, its
     arguments the model's text verbatim (not JSON); the response is "incomplete"; stream == whole."""
     text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
