@@ -71,9 +71,11 @@ def free_port() -> int:
 
 
 def start_server(args: list[str], log_path: Path | None = None, env: dict[str, str] | None = None,
-                 timeout_s: float = 240.0, poll_s: float = 0.2, port: int | None = None) -> ServerProcess:
-    """Start `python -m api.cli serve --host 127.0.0.1 --port PORT *args` in the repository root and
-    wait until GET /health answers 200 (polled every `poll_s` seconds).
+                 timeout_s: float = 240.0, poll_s: float = 0.2, port: int | None = None,
+                 cwd: Path = ROOT) -> ServerProcess:
+    """Start `python -m api.cli serve --host 127.0.0.1 --port PORT *args` in the repository root (or
+    `cwd`, another checkout of it, for before/after benchmarks) and wait until GET /health answers
+    200 (polled every `poll_s` seconds).
 
     Output goes to `log_path` (None: dropped). `env` is added to this process's environment.
     Raises RuntimeError (with the log's tail) when the server exits first or is not healthy
@@ -83,7 +85,7 @@ def start_server(args: list[str], log_path: Path | None = None, env: dict[str, s
     cmd = [sys.executable, "-m", "api.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     log = open(log_path, "w") if log_path is not None else subprocess.DEVNULL
     try:
-        proc = _SPAWNER.submit(_spawn, cmd, log, {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}).result()
+        proc = _SPAWNER.submit(_spawn, cmd, log, {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}, cwd).result()
     finally:
         if log_path is not None:
             log.close()   # the child holds its own copy

@@ -1,9 +1,10 @@
 """Tool-call parsers, one module per model family's call format (vLLM's `--tool-call-parser` names).
 
 Each parser declares its `call_format` (begin / end / trigger of one call), parses whole outputs,
-streams tool-call deltas, and renders the `GrammarSpec` that forces or guides calls in its own format
-(toolparsers/tool_grammar.py, one function for every format of JSON between tags). Pure: strings and
-small dataclasses in and out, no model.
+streams tool-call deltas (a call's header, then its arguments as they are generated), and renders
+the `GrammarSpec` that forces or guides calls in its own format (toolparsers/tool_grammar.py, one
+function for every format of JSON between tags). Pure: strings and small dataclasses in and out,
+no model.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from toolparsers.base import (
     ToolSpec,
     new_call_id,
 )
+from toolparsers.json_prefix import JsonObjectPrefix
 from toolparsers.errors import (
     InvalidToolChoice,
     ToolParserError,
@@ -55,6 +57,7 @@ __all__ = [
     "TOOL_PARSERS",
     "CallFormat",
     "InvalidToolChoice",
+    "JsonObjectPrefix",
     "ParseResult",
     "ToolCall",
     "ToolCallDelta",

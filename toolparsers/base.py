@@ -2,11 +2,30 @@
 
 Every parser splits the model's text into segments, `Text` (content) and `Call` (one tool call), with
 `_scan`. Whole parsing and streaming share that one code path, so for any split of an output the merged
-`feed()` results plus `finish()` equal `parse()` of the whole (content, call names and arguments; ids
-are random per call). A call is sent only once it is complete and valid: its first delta carries
-index, id and name with `arguments_delta == ""`, the second the whole arguments text. Text that could
-still become a call (a partial marker, an unclosed block) is held back until it is decided; a
-malformed or unfinished call ends up in the content verbatim, never as an exception.
+`feed()` results plus `finish()` equal `parse()` of the whole (content, call names and arguments, and
+the deltas of each call concatenated; ids are random per call).
+
+Streaming of an open call: once a call's name is known and its arguments have begun (the parser's
+`_open_calls` sees it in the held-back text), its first delta goes out (index, id, name,
+`arguments_delta == ""`), then argument fragments as the text arrives; the fragments of a call
+concatenate to its final `arguments` exactly. JSON formats (hermes, llama3_json, mistral) stream the
+model's own text of the arguments object, cut only where `toolparsers.json_prefix` says the prefix is
+safe (never inside an escape or a surrogate pair, never past the first character that breaks the
+JSON); formats that are not JSON on the wire (pythonic, qwen3_coder) stream the JSON they build, one
+parameter at a time. A call whose name is not known before it completes (its arguments written
+before its name, or as a JSON string) is sent whole when complete: header, then all its arguments.
+
+A call whose header went out stays a call (a delta cannot be taken back). If its text then turns out
+malformed (possible only where no grammar constrained it: `--no-constrain-auto-tools`), its last
+fragment is the rest of what the model wrote for its arguments, verbatim: the arguments are then not
+valid JSON, so a client's JSON parse fails loudly instead of running a call with half its arguments,
+and `tool_calls_total{validity="invalid"}` counts it. The model's text is never dropped nor moved
+to the content. `finish(cut=True)` (max_tokens) keeps its rule: a call still open at the cut is not
+returned as a call nor as content, although its header and fragments were already streamed.
+
+Text that could still become a call (a partial marker, an unclosed block) is held back until it is
+decided; a malformed block whose header never went out ends up in the content verbatim, never as
+an exception.
 
 Content rule (the same for `parse()` and streaming): the text outside calls, with whitespace (and the
 parser's separator characters) next to a call removed; text before and after a call is joined by "\\n".
@@ -24,6 +43,7 @@ from constrained.spec import GrammarSpec
 from constrained.structural_tag import StructuralTagGrammar
 from toolparsers.brackets import Memo
 from toolparsers.call_format import CallFormat
+from toolparsers.json_prefix import JsonObjectPrefix
 from toolparsers.tool_grammar import tool_grammar
 from toolparsers.tool_spec import ToolChoice, ToolSpec
 
@@ -60,18 +80,22 @@ class ParseResult:
     """Content text and tool calls: the whole output (`parse`) or only what is new (`feed`, `finish`).
 
     `tool_calls` lists the calls completed in this piece (all calls for `parse`); `deltas` the same
-    calls as streaming deltas, with the same ids.
+    calls as streaming deltas, with the same ids. `cut_call_ids`: the ids of those calls whose
+    output ended before their arguments closed (a call whose header streamed is still returned, its
+    arguments the model's text verbatim, by `finish()` without `cut`).
     """
 
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     deltas: list[ToolCallDelta] = field(default_factory=list)
+    cut_call_ids: set[str] = field(default_factory=set)
 
     def extend(self, other: ParseResult) -> None:
         """Append `other` (a later piece of the same output) to this result in place."""
         self.content += other.content
         self.tool_calls.extend(other.tool_calls)
         self.deltas.extend(other.deltas)
+        self.cut_call_ids |= other.cut_call_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +107,32 @@ class Text:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """A scanned, complete and valid tool call; `arguments` is JSON object text."""
+    """A scanned tool call: `arguments` is JSON object text (or, for a call whose header streamed and
+    whose text then broke, its text verbatim, see the module docstring). `complete`: False when the
+    output ended before the arguments closed (such a call is dropped by `finish(cut=True)`)."""
 
     name: str
     arguments: str
+    complete: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCall:
+    """A call in the held-back text whose name is known: `arguments` is the prefix of its final
+    arguments text that may be streamed now (`_open_calls`)."""
+
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True)
+class _Streamed:
+    """A call whose header went out while its text was still held back: what was sent of it."""
+
+    index: int
+    id: str
+    name: str
+    sent: str = ""
 
 
 Segment = Text | Call
@@ -156,6 +202,9 @@ class ToolParser(ABC):
         self._finished = False
         # Resume points of scans over the held-back buffer; valid while its front is not consumed.
         self._memo: Memo = {}
+        self._json_prefixes: dict[int, JsonObjectPrefix] = {}
+        # Calls of the held-back text already streamed (header and fragments), in order.
+        self._streamed: list[_Streamed] = []
 
     @property
     def undecided(self) -> str:
@@ -171,6 +220,25 @@ class ToolParser(ABC):
         (undecided text becomes `Text`). Decisions depend only on the consumed prefix, and every
         consumed position is a top-level position where scanning may restart.
         """
+
+    def _open_calls(self, text: str) -> list[OpenCall]:
+        """The calls of the held-back `text` (what `_scan` did not consume) whose name is known, in
+        order, each with the prefix of its arguments that may be streamed; [] (the default) for none.
+
+        Contract: each call's `arguments` only grows as `text` grows, and when `_scan` later decides
+        the text, it returns these calls first, as `Call`s whose arguments start with that prefix
+        (whatever follows: a malformed rest is appended verbatim).
+        """
+        return []
+
+    def _json_prefix(self, text: str, start: int) -> JsonObjectPrefix:
+        """The resumable JSON-object reader of the arguments starting at `text[start]`, advanced over
+        `text` (held-back buffer positions; reset when the buffer's front is consumed)."""
+        reader = self._json_prefixes.get(start)
+        if reader is None:
+            reader = self._json_prefixes[start] = JsonObjectPrefix(start)
+        reader.advance(text)
+        return reader
 
     def grammar_for(
         self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
@@ -219,28 +287,55 @@ class ToolParser(ABC):
         if num_consumed:
             self._buffer = self._buffer[num_consumed:]
             self._memo.clear()
-        return self._emit(segments)
+            self._json_prefixes.clear()
+        result = self._emit(segments)
+        if num_consumed:
+            assert not self._streamed, f"{self.name}: a streamed call was consumed without its Call"
+        if self._buffer:
+            self._stream_open(self._open_calls(self._buffer), result)
+        return result
 
     def finish(self, cut: bool = False) -> ParseResult:
         """End of output: decide and return everything still held back (partial markers, open blocks).
 
         `cut` (the output stopped at max_tokens): text still undecided at that point is a call the
-        limit cut off, so it is dropped rather than returned as content (its calls, when it holds
-        complete ones, are kept); without `cut`, undecided text becomes content verbatim.
+        limit cut off, so it is dropped rather than returned as content (its complete calls are kept,
+        a call it cut is dropped); without `cut`, undecided text becomes content verbatim (or, for a
+        call whose header streamed, its arguments, see the module docstring).
         """
         if self._finished:
             return ParseResult()
         self._finished = True
         segments, num_consumed = self._scan(self._buffer, final=not cut)
         if cut:   # every consumed position is a top-level restart point: scan the rest on its own
+            self._memo.clear()
+            self._json_prefixes.clear()
             rest, _ = self._scan(self._buffer[num_consumed:], final=True)
-            segments.extend(s for s in rest if not isinstance(s, Text))
+            segments.extend(s for s in rest if isinstance(s, Call) and s.complete)
         else:
             assert num_consumed == len(self._buffer), "final scan must consume everything"
         self._buffer = ""
         result = self._emit(segments)
+        self._streamed.clear()  # with `cut`, a call still open is dropped (its deltas went out)
         result.content += self._emitter.finish()
         return result
+
+    def _stream_open(self, open_calls: list[OpenCall], result: ParseResult) -> None:
+        """Headers of newly named open calls and the new part of each open call's arguments."""
+        for position, open_call in enumerate(open_calls):
+            if position == len(self._streamed):
+                self._emitter.call()   # the whitespace before the call is not content
+                streamed = _Streamed(self._num_calls, new_call_id(), open_call.name)
+                self._streamed.append(streamed)
+                self._num_calls += 1
+                result.deltas.append(ToolCallDelta(streamed.index, streamed.id, streamed.name, ""))
+            streamed = self._streamed[position]
+            assert open_call.name == streamed.name and open_call.arguments.startswith(streamed.sent), \
+                f"{self.name}: an open call's streamed prefix changed"
+            fragment = open_call.arguments[len(streamed.sent):]
+            if fragment:
+                streamed.sent = open_call.arguments
+                result.deltas.append(ToolCallDelta(streamed.index, None, None, fragment))
 
     def _emit(self, segments: list[Segment]) -> ParseResult:
         result = ParseResult()
@@ -249,9 +344,19 @@ class ToolParser(ABC):
                 result.content += self._emitter.text(segment.text)
                 continue
             self._emitter.call()
-            call = ToolCall(id=new_call_id(), name=segment.name, arguments=segment.arguments)
+            if self._streamed:   # the held-back call whose header and fragments already went out
+                streamed = self._streamed.pop(0)
+                assert segment.name == streamed.name and segment.arguments.startswith(streamed.sent), \
+                    f"{self.name}: a streamed call was decided differently"
+                index, call_id, sent = streamed.index, streamed.id, streamed.sent
+            else:
+                index, call_id, sent = self._num_calls, new_call_id(), ""
+                self._num_calls += 1
+                result.deltas.append(ToolCallDelta(index, call_id, segment.name, ""))
+            call = ToolCall(id=call_id, name=segment.name, arguments=segment.arguments)
             result.tool_calls.append(call)
-            result.deltas.append(ToolCallDelta(self._num_calls, call.id, call.name, ""))
-            result.deltas.append(ToolCallDelta(self._num_calls, None, None, call.arguments))
-            self._num_calls += 1
+            if not segment.complete:
+                result.cut_call_ids.add(call_id)
+            if len(call.arguments) > len(sent):
+                result.deltas.append(ToolCallDelta(index, None, None, call.arguments[len(sent):]))
         return result

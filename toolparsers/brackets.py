@@ -14,6 +14,7 @@ Memo = dict[tuple[str, int], tuple[int, int, str]]
 
 _SIGNIFICANT_JSON = re.compile(r'[\[\]{}()"]')
 _SIGNIFICANT_PYTHON = re.compile(r"[\[\]{}()\"']")
+_SIGNIFICANT_VALUE = re.compile(r"[\[\]{}()\"',]")
 _STRING_STOP = {delim: re.compile(r"\\|" + re.escape(delim)) for delim in ('"', "'", '"""', "'''")}
 
 
@@ -50,6 +51,38 @@ def find_closing(text: str, start: int, python: bool = False, memo: Memo | None 
         pos += 1
         if depth == 0:
             return pos
+    if memo is not None:
+        memo[key] = (pos, depth, delim)
+    return -1
+
+
+def find_value_end(text: str, start: int, memo: Memo | None = None) -> int:
+    """Index of the first "," or closing bracket at bracket depth 0 from `start` in a Python source,
+    outside strings (the end of an argument value), or -1 if not written yet. `memo` as above."""
+    key = ("value", start)
+    pos, depth, delim = memo.get(key, (start, 0, "")) if memo is not None else (start, 0, "")
+    while True:
+        if delim:
+            pos, closed = _skip_string(text, pos, delim)
+            if not closed:
+                break
+            delim = ""
+            continue
+        match = _SIGNIFICANT_VALUE.search(text, pos)
+        if match is None:
+            pos = len(text)
+            break
+        pos, char = match.start(), match.group()
+        if char in "\"'":
+            delim = _opening_quote(text, pos, True)
+            if not delim:
+                break
+            pos += len(delim)
+            continue
+        if depth == 0 and char in ",)]}":
+            return pos
+        depth += 1 if char in "{[(" else (-1 if char in ")]}" else 0)
+        pos += 1
     if memo is not None:
         memo[key] = (pos, depth, delim)
     return -1

@@ -8,14 +8,24 @@ Format (one block per call, several in a row, text before and after allowed):
 
 Follows vLLM's `hermes` parser; "parameters" is accepted for "arguments", `</tool_call>` inside JSON
 strings does not end a block, and a final block without `</tool_call>` is accepted when its JSON is
-complete.
+complete. Streaming: once a block has written `{"name": "NAME", "arguments": {`, the call's header
+goes out and its arguments stream as the model writes them (toolparsers/base.py).
 """
 
 from __future__ import annotations
 
-from toolparsers.base import Call, Segment, ToolParser
+from toolparsers.base import OpenCall, Segment, ToolParser
 from toolparsers.call_format import NAME_JSON, CallFormat
-from toolparsers.scanning import call_from_members, json_block_end, json_members, scan_tagged
+from toolparsers.scanning import (
+    call_from_members,
+    header_call_segments,
+    json_block_end,
+    json_call_header,
+    json_members,
+    open_json_call,
+    scan_tagged,
+    skip_ws,
+)
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -34,7 +44,17 @@ class HermesParser(ToolParser):
 
         return scan_tagged(text, final, START, END, _parse_block, find_end)
 
+    def _open_calls(self, text: str) -> list[OpenCall]:
+        if not text.startswith(START):
+            return []
+        opened = open_json_call(text, skip_ws(text, len(START)), lambda start: self._json_prefix(text, start))
+        return [OpenCall(opened[0], opened[1])] if opened is not None else []
 
-def _parse_block(inner: str) -> list[Call] | None:
+
+def _parse_block(inner: str) -> list[Segment] | None:
+    first = skip_ws(inner, 0)
+    header = json_call_header(inner, first)
+    if header is not None:
+        return header_call_segments(inner, first, len(inner), header)
     call = call_from_members(json_members(inner), ("arguments", "parameters"))
     return [call] if call is not None else None

@@ -7,7 +7,8 @@ Format (vLLM `llama3_json`; several calls separated by ";", text before and afte
 A call is a JSON object whose first key is "name" (or "type", as Llama 3.2 sometimes writes
 `{"type": "function", "name": ...}`) with a string name and an object "parameters" (or "arguments").
 Other JSON objects stay content. `<|python_tag|>` is dropped from the content; ";" after a call is a
-separator and dropped too.
+separator and dropped too. Streaming: once an object has written `{"name": "NAME", "parameters": {`,
+the call's header goes out and its arguments stream as the model writes them (toolparsers/base.py).
 """
 
 from __future__ import annotations
@@ -15,10 +16,18 @@ from __future__ import annotations
 import string
 from typing import Literal
 
-from toolparsers.base import Segment, Text, ToolParser
+from toolparsers.base import OpenCall, Segment, Text, ToolParser
 from toolparsers.brackets import find_closing
 from toolparsers.call_format import NAME_JSON, CallFormat
-from toolparsers.scanning import call_from_members, json_members, partial_marker_len, skip_ws
+from toolparsers.scanning import (
+    call_from_members,
+    header_call_segments,
+    json_call_header,
+    json_members,
+    open_json_call,
+    partial_marker_len,
+    skip_ws,
+)
 
 PYTHON_TAG = "<|python_tag|>"
 TRIGGER = '{"name": '
@@ -51,14 +60,24 @@ class Llama3JsonParser(ToolParser):
                 pos = start + len(PYTHON_TAG)
                 continue
             end = find_closing(text, start, memo=self._memo)
+            if end < 0 and not final:
+                return segments, start
+            stop = end if end >= 0 else len(text)
+            header = json_call_header(text, start)
+            if header is not None:
+                segments.extend(header_call_segments(text, start, stop, header))
+            else:
+                call = call_from_members(json_members(text[start:stop]), ("parameters", "arguments"))
+                segments.append(call if call is not None and end >= 0 else Text(text[start:stop]))
             if end < 0:
-                if not final:
-                    return segments, start
-                segments.append(Text(text[start:]))
                 return segments, len(text)
-            call = call_from_members(json_members(text[start:end]), ("parameters", "arguments"))
-            segments.append(call if call is not None else Text(text[start:end]))
             pos = end
+
+    def _open_calls(self, text: str) -> list[OpenCall]:
+        if not text.startswith("{"):
+            return []
+        opened = open_json_call(text, 0, lambda start: self._json_prefix(text, start))
+        return [OpenCall(opened[0], opened[1])] if opened is not None else []
 
 
 def _next_start(text: str, pos: int, final: bool) -> tuple[int, str]:

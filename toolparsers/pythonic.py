@@ -6,6 +6,12 @@ Follows vLLM's `pythonic` parser, but the list may appear anywhere in the text (
 after stays content). It is parsed with `ast`: keyword arguments only, values Python literals
 (`ast.literal_eval`), which become `json.dumps(values, ensure_ascii=False)` (tuples become lists;
 sets, bytes, NaN make the list content). `<|python_start|>` / `<|python_end|>` are dropped.
+
+Streaming (toolparsers/base.py): a call's header goes out once `[name(key=` (or `[name()`) is
+written; its arguments stream as the JSON built one keyword argument at a time (`{`, then
+`"key": value` as each value is complete, then `}`). A call that turns out malformed after its
+header keeps the JSON of the arguments read so far followed by the model's remaining source of the
+call verbatim (not valid JSON); the rest of the list after a well-formed call is content.
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ import json
 import keyword
 import re
 import warnings
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from constrained.errors import NotComposable
 from constrained.spec import GrammarSpec
 from constrained.structural_tag import StructuralTagGrammar
-from toolparsers.base import Call, Segment, Text, ToolChoice, ToolParser, ToolSpec
-from toolparsers.brackets import find_closing
+from toolparsers.base import Call, OpenCall, Segment, Text, ToolChoice, ToolParser, ToolSpec
+from toolparsers.brackets import Memo, find_closing, find_value_end
 from toolparsers.call_format import NAME, CallFormat
 from toolparsers.errors import UnsupportedTool
 from toolparsers.pythonic_grammar import pythonic_grammar
@@ -30,6 +37,10 @@ from toolparsers.tool_grammar import resolve_tool_choice, single_call
 
 MARKERS = ["<|python_start|>", "<|python_end|>"]
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CALL_OPEN = re.compile(r"[ \t\n\r]*([A-Za-z_][A-Za-z0-9_]*)[ \t\n\r]*\(")
+_KWARG = re.compile(r"[ \t\n\r]*([A-Za-z_][A-Za-z0-9_]*)[ \t\n\r]*=(?!=)")
+_PARTIAL_KWARG = re.compile(r"[ \t\n\r]*(?:[A-Za-z_][A-Za-z0-9_]*[ \t\n\r]*)?")
+_CLOSE_PAREN = re.compile(r"[ \t\n\r]*\)")
 
 StartState = Literal["yes", "maybe", "no"]
 
@@ -58,14 +69,22 @@ class PythonicParser(ToolParser):
                 pos = start + len(kind)
                 continue
             end = find_closing(text, start, python=True, memo=self._memo)
+            if end < 0 and not final:
+                return segments, start
+            stop = end if end >= 0 else len(text)
+            calls = _parse_calls(text[start:stop]) if end >= 0 else None
+            if calls is None:
+                calls = _streamed_segments(text[start:stop], closed=end >= 0)
+            segments.extend(calls if calls is not None else [Text(text[start:stop])])
             if end < 0:
-                if not final:
-                    return segments, start
-                segments.append(Text(text[start:]))
                 return segments, len(text)
-            calls = _parse_calls(text[start:end])
-            segments.extend(calls if calls is not None else [Text(text[start:end])])
             pos = end
+
+    def _open_calls(self, text: str) -> list[OpenCall]:
+        if not text.startswith("["):
+            return []
+        calls, _ = _read_calls(text, self._memo)
+        return [OpenCall(call.name, call.arguments()) for call in calls]
 
     def grammar_for(
         self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
@@ -128,6 +147,108 @@ def _start_state(text: str, bracket: int) -> StartState:
     return "yes" if text[k] == "(" else "no"
 
 
+@dataclass(slots=True)
+class _ReadCall:
+    """A call of a list read so far: its name, the JSON members of its complete keyword arguments,
+    `end` (index past its ")" once closed) and `broken_at` (where its source stopped being a
+    literal-only call; -1 while it is not known to be broken)."""
+
+    name: str
+    members: list[str] = field(default_factory=list)
+    end: int = -1
+    broken_at: int = -1
+
+    def arguments(self, rest: str = "") -> str:
+        """The JSON text of the arguments read (closed once the call is), then `rest` verbatim."""
+        return "{" + ", ".join(self.members) + ("}" if self.end >= 0 else rest)
+
+
+def _read_calls(source: str, memo: Memo | None) -> tuple[list[_ReadCall], int]:
+    """The calls of the list `source` ("[" ...) whose header is written (`name(key=` or `name()`),
+    in order, while the list is well formed, and the index where reading stopped."""
+    calls: list[_ReadCall] = []
+    pos = 1
+    while (opened := _CALL_OPEN.match(source, pos)) is not None:
+        if _KWARG.match(source, opened.end()) is None and _CLOSE_PAREN.match(source, opened.end()) is None:
+            return calls, opened.start()   # no header yet (or a positional argument: not a call)
+        call = _ReadCall(opened.group(1))
+        pos = _read_arguments(source, opened.end(), call, memo)
+        calls.append(call)
+        if call.end < 0:
+            return calls, pos
+        after = skip_ws(source, call.end)
+        if not source.startswith(",", after):
+            return calls, call.end
+        pos = after + 1
+    return calls, pos
+
+
+def _read_arguments(source: str, pos: int, call: _ReadCall, memo: Memo | None) -> int:
+    """Read the keyword arguments of `call` from `pos` (just past its "("); returns where it stopped
+    (at the "," before an argument it could not read, so a broken rest starts there)."""
+    while True:
+        at = pos + 1 if call.members else pos   # past the "," that ended the previous value
+        close = _CLOSE_PAREN.match(source, pos) or (_CLOSE_PAREN.match(source, at) if call.members else None)
+        if close is not None:
+            call.end = close.end()
+            return call.end
+        kwarg = _KWARG.match(source, at)
+        if kwarg is None:
+            if _PARTIAL_KWARG.fullmatch(source, at) is None:
+                call.broken_at = pos
+            return pos
+        value_end = find_value_end(source, kwarg.end(), memo)
+        if value_end < 0:
+            return pos
+        member = _member(kwarg.group(1), source[kwarg.end():value_end])
+        if member is None or source[value_end] not in ",)":
+            call.broken_at = pos
+            return pos
+        call.members.append(member)
+        pos = value_end
+
+
+def _member(key: str, value_source: str) -> str | None:
+    """`"key": <JSON of the literal>` or None when `value_source` is not a JSON-able literal."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = ast.literal_eval(value_source.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return _json_member(key, value)
+
+
+def _json_member(key: str, value: Any) -> str | None:
+    try:
+        value_json = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return json.dumps(key, ensure_ascii=False) + ": " + value_json
+    except (TypeError, ValueError):
+        return None
+
+
+def _streamed_segments(source: str, closed: bool) -> list[Segment] | None:
+    """A malformed (or unfinished) list whose calls streamed: those calls, the last broken one with
+    the model's remaining source verbatim; text after the last closed call is content; None when no
+    call streamed."""
+    calls, stop = _read_calls(source, None)
+    if not calls:
+        return None
+    body_end = len(source) - 1 if closed else len(source)
+    segments: list[Segment] = []
+    for call in calls:
+        if call.end >= 0:
+            segments.append(Call(call.name, call.arguments()))
+        else:
+            rest = source[stop:body_end]
+            segments.append(Call(call.name, call.arguments(rest), complete=False))
+            return segments
+    rest = source[stop:body_end]
+    if rest.strip(" \t\n\r,"):
+        segments.append(Text(rest))
+    return segments
+
+
 def _parse_calls(source: str) -> list[Call] | None:
     """The calls of a `[f(a=1), ...]` source text, or None when it is not a list of literal-only calls."""
     try:
@@ -142,17 +263,16 @@ def _parse_calls(source: str) -> list[Call] | None:
     for node in body.elts:
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
             return None
-        values = {}
+        members = []
         for kwarg in node.keywords:
             if kwarg.arg is None:
                 return None
             try:
-                values[kwarg.arg] = ast.literal_eval(kwarg.value)
+                member = _json_member(kwarg.arg, ast.literal_eval(kwarg.value))
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 return None
-        try:
-            arguments = json.dumps(values, ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError):
-            return None
-        calls.append(Call(node.func.id, arguments))
+            if member is None:
+                return None
+            members.append(member)
+        calls.append(Call(node.func.id, "{" + ", ".join(members) + "}"))
     return calls

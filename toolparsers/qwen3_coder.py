@@ -14,6 +14,12 @@ A value loses one leading and one trailing newline. With `tools` given to the co
 converted by the parameter's schema type (integer, number, boolean, null, object/array as JSON or
 Python literal); strings, unknown parameters and failed conversions stay strings. The arguments are
 `json.dumps(values, ensure_ascii=False)`.
+
+Streaming (toolparsers/base.py): a call's header goes out once `<function=NAME>` and its first
+`<parameter=` are written; its arguments stream as the JSON built one parameter at a time (`{`,
+then `"key": value` as each `</parameter>` arrives, then `}` at `</function>`). A block that turns
+out malformed after its header keeps the JSON of the parameters read so far followed by the rest of
+the block verbatim (not valid JSON).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import json
 import re
 from typing import Any
 
-from toolparsers.base import Call, Segment, ToolParser
+from toolparsers.base import Call, OpenCall, Segment, Text, ToolParser
 from toolparsers.call_format import NAME, CallFormat
 from toolparsers.scanning import scan_tagged
 
@@ -31,7 +37,9 @@ START = "<tool_call>"
 END = "</tool_call>"
 PARAM_START = "<parameter="
 PARAM_END = "</parameter>"
-_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.DOTALL)
+_FUNCTION_OPEN = re.compile(r"\s*<function=([^>\n]+)>")
+_FUNCTION_CLOSE = re.compile(r"\s*</function>\s*")
+_PARAMETER_OPEN = re.compile(r"\s*<parameter=")
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
@@ -47,26 +55,48 @@ class Qwen3CoderParser(ToolParser):
     def _scan(self, text: str, final: bool) -> tuple[list[Segment], int]:
         return scan_tagged(text, final, START, END, self._parse_block, _find_end)
 
-    def _parse_block(self, inner: str) -> list[Call] | None:
-        match = _FUNCTION.fullmatch(inner)
-        if match is None or not match.group(1).strip():
+    def _parse_block(self, inner: str) -> list[Segment] | None:
+        opened = _FUNCTION_OPEN.match(inner)
+        if opened is None or not opened.group(1).strip():
             return None
-        name, body = match.group(1).strip(), match.group(2)
+        name = opened.group(1).strip()
+        members, pos = self._members(inner, opened.end(), name)
+        closed = _FUNCTION_CLOSE.match(inner, pos)
+        # what follows </function> in a block the output ended in may be the start of </tool_call>
+        rest = inner[closed.end():] if closed is not None else ""
+        if closed is not None and (not rest or END.startswith(rest)):
+            return [Call(name, "{" + ", ".join(members) + "}")]
+        if _PARAMETER_OPEN.match(inner, opened.end()) is None:
+            return None   # no header went out: the block is content
+        if closed is not None:
+            return [Call(name, "{" + ", ".join(members) + "}"), Text(rest)]
+        return [Call(name, "{" + ", ".join(members) + inner[pos:], complete=False)]
+
+    def _open_calls(self, text: str) -> list[OpenCall]:
+        if not text.startswith(START):
+            return []
+        opened = _FUNCTION_OPEN.match(text, len(START))
+        if opened is None or not opened.group(1).strip() or _PARAMETER_OPEN.match(text, opened.end()) is None:
+            return []
+        name = opened.group(1).strip()
+        members, _ = self._members(text, opened.end(), name)
+        return [OpenCall(name, "{" + ", ".join(members))]   # "}" only once the block is decided
+
+    def _members(self, text: str, pos: int, name: str) -> tuple[list[str], int]:
+        """The JSON members (`"key": value`) of the complete parameters from `pos` on, in order, and
+        the index past the last one; stops at anything else (or a value JSON cannot hold)."""
         properties = self._properties(name)
-        values: dict[str, Any] = {}
-        pos = 0
-        for param in _PARAMETER.finditer(body):
-            if param.start() != pos:
-                return None
+        members: list[str] = []
+        while (param := _PARAMETER.match(text, pos)) is not None:
             key = param.group(1).strip()
-            values[key] = _convert(_strip_newline(param.group(2)), properties.get(key))
+            value = _convert(_strip_newline(param.group(2)), properties.get(key))
+            try:
+                members.append(json.dumps(key, ensure_ascii=False) + ": "
+                               + json.dumps(value, ensure_ascii=False, allow_nan=False))
+            except ValueError:
+                break
             pos = param.end()
-        if body[pos:].strip():
-            return None
-        try:
-            return [Call(name, json.dumps(values, ensure_ascii=False, allow_nan=False))]
-        except ValueError:
-            return None
+        return members, pos
 
     def _properties(self, name: str) -> dict[str, Any]:
         for tool in self.tools:

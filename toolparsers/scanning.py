@@ -9,10 +9,19 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
 from toolparsers.base import Call, Segment, Text
-from toolparsers.brackets import Memo, find_outside_json_strings
+from toolparsers.brackets import Memo, find_closing, find_outside_json_strings
+from toolparsers.json_prefix import JsonObjectPrefix
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
+# `{"name": "NAME", "arguments": {` (or "parameters"; Llama 3.2's `"type": "function", ` may come
+# first): a JSON call whose name is known and whose arguments object has begun, so it can stream
+# (the lookahead stops at the arguments' "{").
+_JSON_CALL_HEADER = re.compile(
+    r'\{[ \t\n\r]*(?:"type"[ \t\n\r]*:[ \t\n\r]*"function"[ \t\n\r]*,[ \t\n\r]*)?'
+    r'"name"[ \t\n\r]*:[ \t\n\r]*("(?:[^"\\\x00-\x1f]|\\.)*")[ \t\n\r]*,[ \t\n\r]*'
+    r'"(?:arguments|parameters)"[ \t\n\r]*:[ \t\n\r]*(?=\{)'
+)
 
 
 def skip_ws(text: str, pos: int) -> int:
@@ -121,12 +130,68 @@ def call_from_members(
     return Call(name.strip(), arguments) if arguments is not None else None
 
 
+def json_call_header(text: str, pos: int) -> tuple[str, int] | None:
+    """For a call object at `text[pos]` that starts `{"name": "NAME", "arguments": {` ("parameters"
+    also, `"type": "function"` first also): (the stripped NAME, index of the arguments' "{"); None
+    when it does not (yet) start so, or the name is empty or not a valid JSON string."""
+    match = _JSON_CALL_HEADER.match(text, pos)
+    if match is None:
+        return None
+    try:
+        name = json.loads(match.group(1)).strip()
+    except ValueError:
+        return None
+    return (name, match.end()) if name else None
+
+
+def header_call_segments(text: str, pos: int, stop: int, header: tuple[str, int]) -> list[Segment]:
+    """The decided segments of a JSON call `text[pos:stop]` whose header matched (`json_call_header`).
+
+    The header decides: the call is `header`'s name with the model's text of the arguments object.
+    Arguments that are not valid JSON (only unconstrained output) are the text the model wrote for
+    them, verbatim: up to their closing bracket, or to `stop` when they never close
+    (`Call.complete` False). When the whole call is not one JSON object, the text after the
+    arguments that is more than closing brackets and whitespace is content.
+    """
+    name, args_start = header
+    reader = JsonObjectPrefix(args_start)
+    reader.advance(text[:stop])
+    args_end = reader.end
+    if args_end < 0:
+        args_end = find_closing(text[:stop], args_start)
+    if args_end < 0:
+        return [Call(name, text[args_start:stop], complete=False)]
+    segments: list[Segment] = [Call(name, text[args_start:args_end])]
+    rest = text[args_end:stop]
+    if rest.strip(_WS + "}]") and json_members(text[pos:stop]) is None:
+        segments.append(Text(rest))
+    return segments
+
+
+def open_json_call(
+    text: str, pos: int, reader_at: Callable[[int], JsonObjectPrefix]
+) -> OpenCallPrefix | None:
+    """The streamable part of a JSON call starting at `text[pos]`: (name, arguments prefix, closed)
+    once its header is written (`json_call_header`), else None. `reader_at(start)` gives the
+    resumable JSON reader of the arguments at `start`, advanced over `text`."""
+    header = json_call_header(text, pos)
+    if header is None:
+        return None
+    name, args_start = header
+    reader = reader_at(args_start)
+    return name, text[args_start:reader.safe_end], reader.end
+
+
+OpenCallPrefix = tuple[str, str, int]
+"""(name, streamable arguments prefix, index past the closed arguments or -1) of `open_json_call`."""
+
+
 def scan_tagged(
     text: str,
     final: bool,
     start: str,
     end: str,
-    parse_inner: Callable[[str], list[Call] | None],
+    parse_inner: Callable[[str], list[Segment] | None],
     find_end: Callable[[str, int], int | None] | None = None,
 ) -> tuple[list[Segment], int]:
     """Scan `text` for `start ... end` blocks (`ToolParser._scan` contract).

@@ -55,8 +55,8 @@ async def chat_chunks(
     Per choice: a first chunk with role "assistant" and content "", one chunk per non-empty text
     delta, then a chunk with an empty delta and the finish_reason. With include_usage, one last
     chunk with `choices: []` and the totals. With tool calling, text deltas go through one
-    `OutputReader` per choice (content and whole calls, split into deltas by `ToolCallDeltas`;
-    finish_reason "tool_calls" after calls).
+    `OutputReader` per choice (content, call headers and argument fragments as generated, shaped
+    by `ToolCallDeltas`; finish_reason "tool_calls" after calls).
     """
 
     def chunk(

@@ -39,7 +39,7 @@ async def create_chat_completion(request: Request, context: Context) -> Response
         include_usage=chat.include_usage,
         continuous_usage=chat.continuous_usage,
         tool_calling=tool_calling,
-        on_tool_calls=tool_call_counter(request, tool_calling),
+        on_tool_calls=tool_call_counter(request, tool_calling, generation.engine_request.arrival_time),
     )
     fmt = LogprobFormatter(engine.tokenizer)
     return await respond(

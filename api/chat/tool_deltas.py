@@ -1,37 +1,41 @@
 """Chat's edge of tool calling: what a choice's OutputReader reads -> `delta` messages.
 
-Per call the client gets two deltas, in OpenAI's observed shape: first `index`, `id`,
-`type: "function"`, `function.name` and `function.arguments: ""`, then the arguments text. A call
-is sent once the reader has it whole, so its arguments are always the final JSON.
+A call streams in OpenAI's shape: its first delta carries `index`, `id`, `type: "function"`,
+`function.name` and `function.arguments: ""`, the later ones argument fragments only
+(`{"index": i, "function": {"arguments": "..."}}`), as they are generated; the fragments of a call
+concatenate to its final arguments. Content text keeps its place around the calls (Read.events).
 """
 
 from __future__ import annotations
 
 from api.chat.protocol import DeltaFunctionCall, DeltaMessage, DeltaToolCall
-from api.generation.reader import OutputReader, Read
+from api.generation.reader import OutputReader
+from toolparsers import ToolCallDelta
 
 
 class ToolCallDeltas:
-    """The deltas of one choice: content first, then two deltas per completed call (header, then
-    arguments); calls are numbered 0, 1, ... in order."""
+    """The delta messages of one choice: content, call headers and argument fragments in output order."""
 
     def __init__(self, reader: OutputReader) -> None:
         self.reader = reader
-        self._num_calls = 0
 
     def deltas(self, text: str, engine_reason: str | None = None) -> list[DeltaMessage]:
         """Delta messages for the next text delta; with `engine_reason` (the engine ended the
         choice), also everything the reader still holds (`OutputReader.finish`)."""
         read = self.reader.feed(text)
         if engine_reason is not None:
-            rest = self.reader.finish(engine_reason)
-            read = Read(read.content + rest.content, read.tool_calls + rest.tool_calls)
-        messages = [DeltaMessage(content=read.content)] if read.content else []
-        for call in read.tool_calls:
-            index, self._num_calls = self._num_calls, self._num_calls + 1
-            header = DeltaFunctionCall(name=call.name, arguments="")
-            messages.append(DeltaMessage(tool_calls=[DeltaToolCall(index=index, id=call.id, type="function",
-                                                                   function=header)]))
-            arguments = DeltaFunctionCall(arguments=call.arguments)
-            messages.append(DeltaMessage(tool_calls=[DeltaToolCall(index=index, function=arguments)]))
+            read.extend(self.reader.finish(engine_reason))
+        messages = []
+        for event in read.events:
+            if isinstance(event, str):
+                messages.append(DeltaMessage(content=event))
+            elif isinstance(event, ToolCallDelta):
+                messages.append(DeltaMessage(tool_calls=[_delta_tool_call(event)]))
         return messages
+
+
+def _delta_tool_call(delta: ToolCallDelta) -> DeltaToolCall:
+    if delta.id is not None:   # the header: id, type, name and arguments ""
+        header = DeltaFunctionCall(name=delta.name, arguments="")
+        return DeltaToolCall(index=delta.index, id=delta.id, type="function", function=header)
+    return DeltaToolCall(index=delta.index, function=DeltaFunctionCall(arguments=delta.arguments_delta))

@@ -2,12 +2,21 @@
 object they add up to (a whole answer is built by the same code, so stream and whole agree).
 
 Text goes through the request's `OutputReader` (`api/generation/reader.py`): content opens a
-text block, each whole tool call becomes one tool_use block (`toolu_...` id) whose `input` JSON
-is sent as one input_json_delta once the call is complete. A call whose arguments are not a
-JSON object (possible only when the call was not constrained) cannot be a tool_use block and is
-returned as text. stop_reason maps the reader's one ending decision
-(`api/generation/ending.py`): finish_reason "tool_calls" -> "tool_use", "length" ->
-"max_tokens", "stop" -> "stop_sequence" (with `stop_sequence`) when one of the request's
+text block; a tool call opens a tool_use block (`toolu_...` id, `input: {}`) when its header is
+read, its arguments go out as input_json_delta fragments as they are generated, and the block
+stops when the call is complete. Each fragment leaves a prefix that is valid partial JSON
+(`toolparsers.JsonObjectPrefix`), so the SDK's partial parse of each prefix never fails. A call whose
+arguments turn out not to be a JSON object (possible only when the call was not constrained)
+keeps as `input` what its sent prefix parses to, and the rest of its text (past what was sent)
+becomes a text block after it. The prefix is parsed as the SDK parses the fragments it assembled
+(jiter's partial mode in the anthropic SDK): a string still open is left out (a call cut in
+`{"city": "Du` has input `{}`; its fragments did carry "Du"), so a whole answer equals the
+streamed one. An "auto" call cut by max_tokens or a stop sequence after its header streamed is
+such a call (`api/generation/ending.py`). A call cut off by max_tokens with a forced tool_choice
+is stopped in the stream and left out of the message, as a whole answer leaves it out (the
+SDK's own assembly of the stream keeps the block it saw start). stop_reason maps the reader's one
+ending decision (`api/generation/ending.py`): finish_reason "tool_calls" -> "tool_use", "length"
+-> "max_tokens", "stop" -> "stop_sequence" (with `stop_sequence`) when one of the request's
 stop_sequences ended it, else "end_turn".
 """
 
@@ -18,10 +27,13 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from partial_json_parser import Allow
+from partial_json_parser import loads as partial_json_loads
 
 from api.generation.constraints import ToolCalling
-from api.generation.reader import OutputReader, Read, ToolCallObserver
+from api.generation.reader import OutputReader, ToolCallObserver
 from api.http.errors import anthropic_error
 from api.messages.objects import (
     AnthropicError,
@@ -45,11 +57,15 @@ from api.messages.objects import (
 )
 from api.protocol.response_meta import ResponseMeta
 from engine import CompletionDelta, RequestOutput
-from toolparsers import ToolCall
+from toolparsers import JsonObjectPrefix, ToolCallDelta
 
 logger = logging.getLogger(__name__)
 
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
+
+_CLOSED_STRINGS = Allow.ALL & ~Allow.STR
+"""What partial-json-parser may complete in a malformed call's sent prefix: containers, not a string
+still open (jiter's partial mode, which the anthropic SDK uses, drops it too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +91,19 @@ def usage_of(out: RequestOutput | None) -> MessageUsage:
     )
 
 
+@dataclass(slots=True)
+class _OpenToolUse:
+    """The tool_use block being streamed: its place in `content`, the call's index and id, the
+    arguments text read and how much of it was sent as input_json_delta."""
+
+    block: int
+    call_index: int
+    call_id: str
+    text: str = ""
+    sent: int = 0
+    reader: JsonObjectPrefix = field(default_factory=lambda: JsonObjectPrefix(0))
+
+
 class MessageBuilder:
     """The reading state of one message: `start`, then `feed` every engine delta, then `finish`;
     each returns the stream events it adds, and `message()` is the answer so far."""
@@ -89,6 +118,7 @@ class MessageBuilder:
         self.last: RequestOutput | None = None
         self._text_open = False
         self._pinged = False
+        self._tool: _OpenToolUse | None = None
 
     def message(self) -> MessageObject:
         """The message object of what was read (usage from the last output seen)."""
@@ -111,17 +141,23 @@ class MessageBuilder:
         self.last = out
         read = self.reader.feed(delta.text)
         if delta.finish_reason is not None:
-            rest = self.reader.finish(delta.finish_reason)
-            read = Read(read.content + rest.content, read.tool_calls + rest.tool_calls)
+            read.extend(self.reader.finish(delta.finish_reason))
             self._set_stop(delta)
-        events = self._text(read.content)
-        for call in read.tool_calls:
-            events += self._tool_use(call)
+        events: list[StreamEvent] = []
+        for event in read.events:
+            if isinstance(event, str):
+                events += self._text(event)
+            elif isinstance(event, ToolCallDelta):
+                events += self._call_delta(event)
+            elif self._tool is not None and self._tool.call_id == event.id:
+                events += self._stop_tool_use()
+        if self._tool is not None and self._tool.call_index in self.reader.open_calls and self.stop_reason:
+            events += self._drop_cut_tool_use()
         return events
 
     def finish(self) -> list[StreamEvent]:
         """Close the open block; message_delta (stop reason, usage) and message_stop."""
-        events = self._close_text()
+        events = self._stop_tool_use() + self._close_text()
         if not self._pinged:
             events.append(Ping())
         delta = MessageDeltaBody(stop_reason=self.stop_reason, stop_sequence=self.stop_sequence)
@@ -164,26 +200,54 @@ class MessageBuilder:
         self._text_open = False
         return [ContentBlockStop(index=len(self.content) - 1)]
 
-    def _tool_use(self, call: ToolCall) -> list[StreamEvent]:
-        arguments = _arguments_object(call.arguments)
-        if arguments is None:
-            logger.info("request %s: call of %s without an arguments object returned as text",
-                        self.meta.id, call.name)
-            return self._text(call.arguments)
-        events = self._close_text()
-        block = ToolUseContent(id=f"toolu_{uuid.uuid4().hex[:24]}", name=call.name, input=arguments)
-        events += self._open(block, block.model_copy(update={"input": {}}))
-        index = len(self.content) - 1
-        events.append(ContentBlockDelta(index=index, delta=InputJsonDelta(partial_json=call.arguments)))
-        return [*events, ContentBlockStop(index=index)]
+    def _call_delta(self, delta: ToolCallDelta) -> list[StreamEvent]:
+        """A header opens a tool_use block (stopping the one before); a fragment streams its safe part."""
+        if delta.id is not None:
+            events = self._stop_tool_use() + self._close_text()
+            block = ToolUseContent(id=f"toolu_{uuid.uuid4().hex[:24]}", name=delta.name or "", input={})
+            events += self._open(block, block.model_copy())
+            self._tool = _OpenToolUse(len(self.content) - 1, delta.index, delta.id)
+            return events
+        tool = self._tool
+        if tool is None or tool.call_index != delta.index:
+            return []   # a fragment of a call already stopped (never sent by the parsers)
+        tool.text += delta.arguments_delta
+        tool.reader.advance(tool.text)
+        return self._send_safe(tool)
 
+    def _send_safe(self, tool: _OpenToolUse) -> list[StreamEvent]:
+        if tool.reader.safe_end <= tool.sent:
+            return []
+        fragment = tool.text[tool.sent:tool.reader.safe_end]
+        tool.sent = tool.reader.safe_end
+        return [ContentBlockDelta(index=tool.block, delta=InputJsonDelta(partial_json=fragment))]
 
-def _arguments_object(arguments: str) -> dict[str, object] | None:
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    def _stop_tool_use(self) -> list[StreamEvent]:
+        """Stop the open tool_use block with its input; text past a malformed input becomes text."""
+        tool, self._tool = self._tool, None
+        if tool is None:
+            return []
+        events = self._send_safe(tool)
+        complete = tool.reader.end >= 0 and not tool.text[tool.reader.end:].strip()
+        sent = tool.text[:tool.sent]
+        # an open string is left out, as the SDK's partial parse of the streamed fragments leaves it
+        value = json.loads(sent) if complete else (partial_json_loads(sent, _CLOSED_STRINGS) if sent else {})
+        block = self.content[tool.block]
+        assert isinstance(block, ToolUseContent)
+        block.input = value if isinstance(value, dict) else {}
+        events.append(ContentBlockStop(index=tool.block))
+        if not complete:
+            logger.info("request %s: call of %s with malformed arguments: the rest is text",
+                        self.meta.id, block.name)
+            events += self._text(tool.text[tool.sent:])
+        return events
+
+    def _drop_cut_tool_use(self) -> list[StreamEvent]:
+        """max_tokens cut the open call: stop its block, and leave it out of the message."""
+        tool, self._tool = self._tool, None
+        assert tool is not None
+        self.content.pop(tool.block)
+        return [ContentBlockStop(index=tool.block)]
 
 
 async def message_events(outputs: Outputs, builder: MessageBuilder) -> AsyncIterator[StreamEvent]:

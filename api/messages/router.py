@@ -47,7 +47,7 @@ async def create_message(request: Request, context: Context) -> Response:
     tool_calling = generation.constraints.tool_calling
     options = MessageOptions(
         tool_calling=tool_calling,
-        on_tool_calls=tool_call_counter(request, tool_calling),
+        on_tool_calls=tool_call_counter(request, tool_calling, generation.engine_request.arrival_time),
         stop_sequences=tuple(body.stop_sequences or ()),
     )
     builder = MessageBuilder(meta, options)

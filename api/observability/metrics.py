@@ -5,7 +5,8 @@ Two sources feed one registry per app (no process-global state):
   compile histogram), so the engine's step loop only bumps plain counters.
 - `ServingMetrics` owns the histograms and counters the api observes as outputs arrive
   (`api/observability/stream_tracker.py`, `api/observability/tool_call_metrics.py`): time to first token, inter-token latency,
-  end-to-end latency, request_success by finish_reason, tool_calls by validity.
+  end-to-end latency, request_success by finish_reason, tool_calls by validity, and time to the
+  first tool-call delta (a choice's first call header).
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ class ServingMetrics:
         reg = self.registry
         self._ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token in seconds.",
                                labels, registry=reg, buckets=TTFT_BUCKETS_S).labels(model_name)
+        self._ttftc = Histogram(PREFIX + "time_to_first_tool_call_delta_seconds",
+                                "Seconds from arrival to a choice's first tool-call delta (its first call's header).",
+                                labels, registry=reg, buckets=TTFT_BUCKETS_S).labels(model_name)
         self._itl = Histogram(PREFIX + "inter_token_latency_seconds",
                               "Seconds between two outputs carrying tokens of one choice.",
                               labels, registry=reg, buckets=ITL_BUCKETS_S).labels(model_name)
@@ -126,6 +130,10 @@ class ServingMetrics:
     def observe_first_token(self, seconds: float) -> None:
         """A choice produced its first token `seconds` after its request arrived."""
         self._ttft.observe(seconds)
+
+    def observe_first_tool_call_delta(self, seconds: float) -> None:
+        """A choice sent its first tool-call delta `seconds` after its request arrived."""
+        self._ttftc.observe(seconds)
 
     def observe_inter_token(self, seconds: float) -> None:
         """A choice produced more tokens `seconds` after its previous ones."""

@@ -1,4 +1,5 @@
-"""Counting a request's parsed tool calls by validity: tool_calls_total{validity="valid"|"invalid"}.
+"""Counting a request's parsed tool calls by validity: tool_calls_total{validity="valid"|"invalid"},
+and timing each choice's first tool-call delta: time_to_first_tool_call_delta_seconds.
 
 A call is valid when it names one of the request's tools and its arguments are a JSON object that
 validates against that tool's parameters schema (jsonschema, the schema's own draft, formats not
@@ -9,6 +10,7 @@ output (`--no-constrain-auto-tools`) or a backend that enforced less than the sc
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -26,14 +28,18 @@ from toolparsers import ToolSpec
 
 
 class ToolCallCounter:
-    """A ToolCallObserver for one request: counts each call in `metrics` and in `record` (when given).
+    """A ToolCallObserver for one request: counts each call in `metrics` and in `record` (when given),
+    and observes each choice's first tool-call delta `time.monotonic() - arrival_time` seconds after
+    the request arrived (EngineRequest.arrival_time).
 
     Validators are built once per tool, on its first call. Never raises on odd calls or schemas.
     """
 
-    def __init__(self, metrics: ServingMetrics, tools: Sequence[ToolSpec], record: RequestRecord | None) -> None:
+    def __init__(self, metrics: ServingMetrics, tools: Sequence[ToolSpec], record: RequestRecord | None,
+                 arrival_time: float) -> None:
         self.metrics = metrics
         self.record = record
+        self.arrival_time = arrival_time
         self._schemas = {tool.name: tool.parameters for tool in tools}
         self._validators: dict[str, Any] = {}
 
@@ -43,6 +49,10 @@ class ToolCallCounter:
             self.metrics.count_tool_call(self.is_valid(call))
         if self.record is not None:
             self.record.num_tool_calls += len(calls)
+
+    def first_delta(self) -> None:
+        """A choice read its first tool-call delta just now (once per choice: the reader calls it)."""
+        self.metrics.observe_first_tool_call_delta(time.monotonic() - self.arrival_time)
 
     def is_valid(self, call: ParsedCall) -> bool:
         """Whether `call` names a known tool and its arguments validate against the tool's schema."""
@@ -67,9 +77,12 @@ class ToolCallCounter:
             return False  # a schema jsonschema cannot apply: the call cannot be shown valid
 
 
-def tool_call_counter(request: Request, tool_calling: ToolCalling | None) -> ToolCallCounter | None:
-    """The counter for `request`'s tool calls; None when it parses none or the app has no metrics."""
+def tool_call_counter(
+    request: Request, tool_calling: ToolCalling | None, arrival_time: float
+) -> ToolCallCounter | None:
+    """The counter for `request`'s tool calls (`arrival_time`: its EngineRequest's, time.monotonic()
+    seconds); None when it parses none or the app has no metrics."""
     metrics = app_metrics(request)
     if tool_calling is None or metrics is None:
         return None
-    return ToolCallCounter(metrics, tool_calling.tools, request_record(request))
+    return ToolCallCounter(metrics, tool_calling.tools, request_record(request), arrival_time)

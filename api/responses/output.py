@@ -3,7 +3,11 @@
 The same builder serves whole and streamed answers (a whole answer drops the events), so both
 have the same items for the same engine deltas. Items are opened in output order and each is
 closed before the next one opens: text becomes a `message` item (one output_text part), each
-parsed tool call a `function_call` item. Text written after a call opens a new message item.
+tool call a `function_call` item, opened (response.output_item.added) when the call's header is
+read, its arguments streamed as response.function_call_arguments.delta events as they are
+generated, then .done with the whole string and response.output_item.done. Text written after a
+call opens a new message item. A call cut off by max_output_tokens gets its done events (status
+"incomplete") but is left out of the response's output, as a whole answer leaves it out.
 Every item gets its added ... done events, also one that ends with no delta; a response with no
 output at all gets one empty message, so that it always has an item. With logprobs, each
 output_text delta carries the entries of the tokens it completes and the part (and its done event)
@@ -32,7 +36,7 @@ from api.generation.reader import OutputReader, Read, ToolCallObserver
 from api.protocol.logprobs_content import ContentLogprobs
 from api.protocol.logprobs_output import LogprobFormatter
 from engine import TokenLogprob
-from toolparsers import ToolCall
+from toolparsers import ToolCallDelta
 
 
 class EventCounter:
@@ -60,6 +64,7 @@ class _OpenMessage:
 class _OpenCall:
     item: FunctionCall
     output_index: int
+    index: int   # the call's index in the choice (ToolCallDelta.index)
     arguments: list[str] = field(default_factory=list)
 
 
@@ -108,7 +113,11 @@ class ResponseOutputBuilder:
             if self._content is not None:
                 entries = self._content.read(entries, "".join(r.content for r in reads), final)
             self._logprobs.extend(e.model_dump(mode="json") for e in self._fmt.chat_entries(entries))
-        return [event for read in reads for event in self._read(read)]
+        events = [event for read in reads for event in self._read(read)]
+        if final and isinstance(self._open, _OpenCall) and self._open.index in self._reader.open_calls:
+            events.extend(self._close("incomplete"))   # cut inside this call: not in the output
+            self.items.pop()
+        return events
 
     def finish(self, incomplete: bool = False) -> list[StreamEvent]:
         """Close the open item (status "incomplete" when the output was cut); add an empty message
@@ -172,34 +181,32 @@ class ResponseOutputBuilder:
         ]
 
     def _read(self, read: Read) -> list[StreamEvent]:
-        events = self._text(read.content) if read.content else []
-        for call in read.tool_calls:
-            events.extend(self._call(call))
+        events: list[StreamEvent] = []
+        for event in read.events:
+            if isinstance(event, str):
+                events.extend(self._text(event))
+            elif isinstance(event, ToolCallDelta):
+                events.extend(self._call_delta(event))
+            elif isinstance(self._open, _OpenCall) and self._open.item.call_id == event.id:
+                events.extend(self._close("completed"))   # the call is whole
         return events
 
-    def _call(self, call: ToolCall) -> list[StreamEvent]:
-        """The events of one whole call: its item added, its arguments (one delta), both done."""
-        events = self._close("completed")
-        item = FunctionCall(
-            id=f"fc_{uuid.uuid4().hex}", call_id=call.id, name=call.name, arguments="", status="in_progress"
-        )
-        output_index = len(self.items)
-        events.append(
-            OutputItemEvent(
-                type="response.output_item.added", sequence_number=self._seq.next(), output_index=output_index,
-                item=item,
-            )
-        )
-        if call.arguments:
-            events.append(
-                FunctionCallArgumentsDelta(
-                    sequence_number=self._seq.next(), item_id=item.id, output_index=output_index,
-                    delta=call.arguments,
-                )
-            )
-        self._open = _OpenCall(item=item, output_index=output_index, arguments=[call.arguments])
-        events.extend(self._close("completed"))
-        return events
+    def _call_delta(self, delta: ToolCallDelta) -> list[StreamEvent]:
+        """A call's header opens its item (closing the one before); a fragment is an arguments delta."""
+        if delta.id is not None:
+            events = self._close("completed")
+            item = FunctionCall(id=f"fc_{uuid.uuid4().hex}", call_id=delta.id, name=delta.name or "",
+                                arguments="", status="in_progress")
+            self._open = _OpenCall(item=item, output_index=len(self.items), index=delta.index)
+            events.append(OutputItemEvent(type="response.output_item.added", sequence_number=self._seq.next(),
+                                          output_index=self._open.output_index, item=item))
+            return events
+        opened = self._open
+        if not isinstance(opened, _OpenCall) or opened.index != delta.index:
+            return []   # a fragment of a call already closed (never sent by the parsers)
+        opened.arguments.append(delta.arguments_delta)
+        return [FunctionCallArgumentsDelta(sequence_number=self._seq.next(), item_id=opened.item.id,
+                                           output_index=opened.output_index, delta=delta.arguments_delta)]
 
     def _close(self, status: ItemStatus) -> list[StreamEvent]:
         opened, self._open = self._open, None

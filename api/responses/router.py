@@ -66,7 +66,8 @@ async def create_response(request: Request, context: Context, responses: Respons
         input_items_json=items_json(translated.input_items),
         tool_calling=generation.constraints.tool_calling,
         store=responses.store if body.store is not False else None,
-        on_tool_calls=tool_call_counter(request, generation.constraints.tool_calling),
+        on_tool_calls=tool_call_counter(request, generation.constraints.tool_calling,
+                                        generation.engine_request.arrival_time),
         logprobs=LogprobFormatter(engine.tokenizer) if body.logprobs() is not None else None,
     )
     if body.background:

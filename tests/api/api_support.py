@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import pytest
 
 from engine.errors import EngineDeadError, EngineOverloaded
 from engine.model_limits import ModelLimits
@@ -255,15 +256,31 @@ def anthropic_client(app: Any, api_key: str = "x") -> Any:
 
 async def messages_whole_and_streamed(app: Any, body: dict[str, Any]) -> tuple[str, list[Any], Any, Any]:
     """(text, [(tool name, input)], stop_reason, stop_sequence) of a /v1/messages `body`, read by
-    the anthropic SDK whole and streamed (its final message), asserted equal."""
+    the anthropic SDK whole and streamed (its final message), asserted equal.
+
+    One difference only is accepted: a forced call that max_tokens cut is left out of the message,
+    but its tool_use block had started in the stream (a delta cannot be taken back), so the SDK's
+    assembly keeps it; then the stream's final message has exactly one more, trailing, tool_use
+    whose streamed input_json is not JSON, and stop_reason is "max_tokens"."""
     async with anthropic_client(app) as client:
         whole = await client.messages.create(**body)
+        fragments: dict[int, str] = {}
         async with client.messages.stream(**body) as stream:
+            async for event in stream:
+                if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                    fragments[event.index] = fragments.get(event.index, "") + event.delta.partial_json
             final = await stream.get_final_message()
+    streamed_blocks = list(final.content)
+    forced = body.get("tool_choice", {}).get("type") in ("any", "tool")
+    if forced and final.stop_reason == "max_tokens" and len(streamed_blocks) == len(whole.content) + 1:
+        cut = streamed_blocks.pop()
+        assert cut.type == "tool_use"
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(fragments.get(len(streamed_blocks), ""))
     got = []
-    for message in (whole, final):
-        text = "".join(b.text for b in message.content if b.type == "text")
-        uses = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
+    for message, blocks in ((whole, list(whole.content)), (final, streamed_blocks)):
+        text = "".join(b.text for b in blocks if b.type == "text")
+        uses = [(b.name, b.input) for b in blocks if b.type == "tool_use"]
         got.append((text, uses, message.stop_reason, message.stop_sequence))
     assert got[0] == got[1]
     return got[0]

@@ -348,7 +348,8 @@ def test_case005_parser_keeps_text_around_a_call():
     tools = [ToolSpec(name="get_weather", parameters=case_body("005")["tools"][0]["function"]["parameters"])]
     block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Dublin"}}\n</tool_call>'
     call = ("get_weather", {"city": "Dublin"})
-    malformed = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>'
+    # malformed before its header (name, then the arguments' "{") was written: content, verbatim
+    malformed = '<tool_call>\n{"arguments": {"city": }, "name": "get_weather"}\n</tool_call>'
     for parse in (_parse_whole, _parse_by_char):
         assert parse(parser_class, tools, "Let me check." + block) == ("Let me check.", [call])
         assert parse(parser_class, tools, "Let me check.\n" + block + "\n") == ("Let me check.", [call])
@@ -362,3 +363,8 @@ def test_case005_parser_keeps_text_around_a_call():
         assert content.endswith("Bye."), content
         content, calls = parse(parser_class, tools, "I will use <tool_")
         assert calls == [] and content == "I will use <tool_", content
+    # malformed after its header streamed: still a call, its arguments the model's text verbatim
+    broken = parser_class(tools).parse('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n'
+                                       "</tool_call> Bye.")
+    assert [(c.name, c.arguments) for c in broken.tool_calls] == [("get_weather", '{"city": }')]
+    assert broken.content == "Let me check.\nBye."

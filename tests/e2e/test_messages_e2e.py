@@ -101,6 +101,31 @@ def test_forced_tool_stream_and_tool_loop(client: anthropic.Anthropic) -> None:
     assert counted.input_tokens == total_input(answer.usage)
 
 
+def test_tool_input_streams_as_input_json_deltas(client: anthropic.Anthropic) -> None:
+    """Issue 14: a forced tool with a long string argument streams its input in fragments; the SDK's
+    final message has the input of the non-streamed answer."""
+    schema = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 300}},
+              "required": ["text"], "additionalProperties": False}
+    note = {"name": "write_note", "description": "Save a note.", "input_schema": schema}
+    ask: list[Any] = [{"role": "user", "content": "Write a note describing a sunny day at the beach in Dublin."}]
+    kwargs: dict[str, Any] = dict(model=MODEL, max_tokens=100, extra_body=GREEDY, messages=ask, tools=[note],
+                                  tool_choice={"type": "tool", "name": "write_note"})
+    # this server runs the default (quantized) weights, where a prefill of a few rows rounds
+    # differently from a long one: a first request puts the prompt in the prefix cache, so the
+    # stream and the whole answer below both prefill the same uncached rows
+    client.messages.create(**{**kwargs, "max_tokens": 1})
+    with client.messages.stream(**kwargs) as stream:
+        fragments = [e.delta.partial_json for e in stream
+                     if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
+        final = stream.get_final_message()
+    assert len(fragments) > 1
+    [streamed] = [b for b in final.content if b.type == "tool_use"]
+    assert streamed.input == json.loads("".join(fragments))
+    jsonschema.validate(streamed.input, schema)
+    [whole] = [b for b in client.messages.create(**kwargs).content if b.type == "tool_use"]
+    assert whole.input == streamed.input and final.stop_reason == "tool_use"
+
+
 def test_output_format_json_schema(client: anthropic.Anthropic) -> None:
     schema = {"type": "object", "properties": {"capital": {"type": "string"}}, "required": ["capital"],
               "additionalProperties": False}

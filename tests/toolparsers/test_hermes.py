@@ -37,11 +37,21 @@ def test_text_after_the_call_is_content() -> None:
 
 
 def test_malformed_block_is_returned_verbatim() -> None:
-    broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    broken = '<tool_call>\n{"arguments": {"city": }, "name": "get_weather"}\n</tool_call>'
     result = HermesParser().parse("Let me check." + broken)
     assert result.content == "Let me check." + broken
     assert result.tool_calls == []
     assert _stream_chars("Let me check." + broken).content == "Let me check." + broken
+
+
+def test_malformed_arguments_after_the_header_stay_the_calls_text_verbatim() -> None:
+    """The header streamed, so the call stays a call; its arguments are what the model wrote."""
+    broken = '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'
+    for result in (HermesParser().parse("Let me check." + broken), _stream_chars("Let me check." + broken)):
+        assert result.content == "Let me check."
+        assert _calls(result) == [("get_weather", '{"city": }')]
+    streamed = [d.arguments_delta for d in _stream_chars(broken).deltas if d.arguments_delta]
+    assert streamed[-1] == "}" and "".join(streamed[:-1]) == '{"city": '
 
 
 def test_partial_call_at_end_is_content() -> None:
@@ -58,7 +68,9 @@ def test_several_calls_get_their_own_index_and_id() -> None:
         ("get_weather", '{"city": "Paris"}'),
         ("get_weather", '{"city": "Rome"}'),
     ]
-    assert [d.index for d in result.deltas] == [0, 0, 1, 1, 2, 2]
+    headers = [d for d in result.deltas if d.name is not None]
+    assert [d.index for d in headers] == [0, 1, 2]
+    assert [d.index for d in result.deltas] == sorted(d.index for d in result.deltas)
     assert len({c.id for c in result.tool_calls}) == 3
     assert result.content == ""
 
@@ -76,10 +88,17 @@ def test_end_marker_inside_a_string_does_not_end_the_block() -> None:
 
 
 def test_missing_brace_only_spoils_its_own_block() -> None:
+    text = '<tool_call>{"arguments": {"a": 1}, "name": "f"</tool_call>' + DUBLIN
+    result = HermesParser().parse(text)
+    assert result.content == '<tool_call>{"arguments": {"a": 1}, "name": "f"</tool_call>'
+    assert _calls(result) == [("get_weather", '{"city": "Dublin"}')]
+
+
+def test_missing_outer_brace_after_a_streamed_header_keeps_the_call() -> None:
     text = '<tool_call>{"name": "f", "arguments": {"a": 1}</tool_call>' + DUBLIN
     result = HermesParser().parse(text)
-    assert result.content == '<tool_call>{"name": "f", "arguments": {"a": 1}</tool_call>'
-    assert _calls(result) == [("get_weather", '{"city": "Dublin"}')]
+    assert result.content == ""
+    assert _calls(result) == [("f", '{"a": 1}'), ("get_weather", '{"city": "Dublin"}')]
 
 
 def test_argument_variants() -> None:

@@ -33,11 +33,20 @@ def test_other_json_and_malformed_calls_stay_content() -> None:
     for text in (
         'Config: {"debug": true, "name": "x"}',
         '{"name": "f", "parameters": [1, 2]}',
-        '{"name": "f", "parameters": {"a": 1}',
-        '{"name": "f", "parameters": {"a": }}',
+        '{"parameters": {"a": 1}, "name": "f"',
     ):
         result = Llama3JsonParser().parse(text)
         assert result.content == text and result.tool_calls == []
+
+
+def test_malformed_calls_after_a_streamed_header_keep_the_models_text() -> None:
+    for text, arguments in (
+        ('{"name": "f", "parameters": {"a": 1}', '{"a": 1}'),
+        ('{"name": "f", "parameters": {"a": }}', '{"a": }'),
+        ('{"name": "f", "parameters": {"a": 1', '{"a": 1'),
+    ):
+        result = Llama3JsonParser().parse(text)
+        assert result.content == "" and _calls(result) == [("f", arguments)]
 
 
 def test_partial_start_is_held_back() -> None:

@@ -28,11 +28,22 @@ def test_malformed_blocks_are_content() -> None:
     for text in (
         "[TOOL_CALLS] I cannot call tools.",
         '[TOOL_CALLS][{"name": "a", "arguments": [1]}]',
-        '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}',
         "[TOOL_CALLS]get_weather[ARGS]not json",
     ):
         result = MistralParser().parse(text)
         assert result.content == text and result.tool_calls == []
+
+
+def test_malformed_blocks_after_a_streamed_header_keep_their_calls() -> None:
+    for text, calls, content in (
+        ('[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}', [("a", '{"x": 1}')], ""),
+        ('[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, oops]', [("a", '{"x": 1}')], ", oops"),
+        ('[TOOL_CALLS][{"name": "a", "arguments": {"x": }}]', [("a", '{"x": }')], ""),
+        ('[TOOL_CALLS]f[ARGS]{"x": tru}', [("f", '{"x": tru}')], ""),
+        ('[TOOL_CALLS]f[ARGS]{"x": "un', [("f", '{"x": "un')], ""),
+    ):
+        result = MistralParser().parse(text)
+        assert [(c.name, c.arguments) for c in result.tool_calls] == calls and result.content == content, text
 
 
 def test_partial_marker_is_held_back() -> None:

@@ -29,9 +29,22 @@ def test_literals_become_json() -> None:
 
 
 def test_non_literal_or_positional_calls_stay_content() -> None:
-    for text in ("[f(1)]", "[f(x=y)]", "[f(x=set())]", "[f(**kw)]", "[f(x=float('nan'))]", "[f(x=1), 3]"):
+    for text in ("[f(1)]", "[f(**kw)]", "[g(1), f(x=1)]"):
         result = PythonicParser().parse(text)
         assert result.content == text and result.tool_calls == []
+
+
+def test_malformed_calls_after_a_streamed_header_keep_the_models_source() -> None:
+    """`[f(x=` streamed a header: the call stays, its arguments end with the source verbatim."""
+    for text, calls, content in (
+        ("[f(x=y)]", [("f", "{x=y)")], ""),
+        ("[f(x=set())]", [("f", "{x=set())")], ""),
+        ("[f(a=1, x=float('nan'))]", [("f", '{"a": 1, x=float(\'nan\'))')], ""),
+        ("[f(x=1), 3]", [("f", '{"x": 1}')], "3"),
+        ("[f(x=1, y=", [("f", '{"x": 1, y=')], ""),
+    ):
+        result = PythonicParser().parse(text)
+        assert [(c.name, c.arguments) for c in result.tool_calls] == calls and result.content == content, text
 
 
 def test_prose_brackets_are_not_held_forever() -> None:

@@ -67,11 +67,21 @@ def test_several_calls_and_no_parameters() -> None:
 
 
 def test_malformed_block_is_content() -> None:
-    inners = ("<function=run>\nstray text\n</function>", "no function tag", "<function=run><parameter=a>x")
+    inners = ("<function=run>\nstray text\n</function>", "no function tag")
     for inner in inners:
         text = f"<tool_call>{inner}</tool_call>"
         result = Qwen3CoderParser([TOOL]).parse(text)
         assert result.content == text and result.tool_calls == []
+
+
+def test_malformed_block_after_a_streamed_header_keeps_the_models_text() -> None:
+    """`<function=run><parameter=` streamed a header: the call stays, its arguments end verbatim."""
+    for inner, arguments in (
+        ("<function=run><parameter=a>x", "{<parameter=a>x</tool_call>"),
+        ("<function=run><parameter=a>x</parameter>junk</function>", '{"a": "x"junk</function>'),
+    ):
+        result = Qwen3CoderParser().parse(f"<tool_call>{inner}</tool_call>")
+        assert [(c.name, c.arguments) for c in result.tool_calls] == [("run", arguments)] and not result.content
 
 
 def test_end_marker_inside_a_value() -> None:

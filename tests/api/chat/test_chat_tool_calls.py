@@ -159,12 +159,28 @@ async def test_unicode_and_escapes_in_arguments(client: openai.AsyncOpenAI, engi
 
 
 async def test_malformed_call_stays_content(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
-    play(engine, MALFORMED)
+    malformed = '<tool_call>\n{"arguments": {"city": }, "name": "get_weather"}\n</tool_call>'  # no header
+    play(engine, malformed)
     result = await whole(client)
-    assert result.choices[0].message.content == MALFORMED and result.choices[0].message.tool_calls is None
+    assert result.choices[0].message.content == malformed and result.choices[0].message.tool_calls is None
     assert result.choices[0].finish_reason == "stop"
     content, calls, reasons = reassemble(await chunks(client))
-    assert content == MALFORMED and calls == [] and reasons == ["stop"]
+    assert content == malformed and calls == [] and reasons == ["stop"]
+
+
+async def test_malformed_arguments_after_the_header_are_the_models_text(
+    client: openai.AsyncOpenAI, engine: FakeEngine
+) -> None:
+    """The header streamed, so the call stays a call: its arguments are what the model wrote (not
+    JSON, so a client's parse fails loudly), whole and streamed alike (toolparsers/base.py)."""
+    play(engine, MALFORMED)
+    result = await whole(client)
+    [call] = result.choices[0].message.tool_calls or []
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": }')
+    assert result.choices[0].message.content is None
+    content, calls, reasons = reassemble(await chunks(client))
+    assert content == "" and [(c["name"], c["arguments"]) for c in calls] == [("get_weather", '{"city": }')]
+    assert reasons == ["tool_calls"] == [result.choices[0].finish_reason]
 
 
 async def test_cut_inside_a_call_is_length(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
@@ -278,3 +294,20 @@ async def test_logprobs_with_tool_calls(engine: FakeEngine, app: FastAPI) -> Non
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
     assert [t["token"] for t in whole["logprobs"]["content"]] == tokens
     assert whole["message"]["content"] == content and whole["finish_reason"] == "tool_calls"
+
+
+
+
+async def test_arguments_stream_as_fragments_in_openais_shape(client: openai.AsyncOpenAI, engine: FakeEngine) -> None:
+    """Issue 14: the header (index, id, type, name, arguments "") first, then fragments as generated."""
+    text = "Some poem line, again and again. " * 6
+    play(engine, "Writing.\n" + call_text("write_file", {"path": "p.txt", "text": text}))
+    chunk_list = await chunks(client)
+    content, calls, reasons = reassemble(chunk_list)
+    fragments = [d.function.arguments for c in chunk_list for d in (c.choices[0].delta.tool_calls or [])
+                 if c.choices and d.id is None]
+    assert len(fragments) > 10 and all(fragments)
+    assert content == "Writing." and reasons == ["tool_calls"]
+    assert json.loads(calls[0]["arguments"]) == {"path": "p.txt", "text": text}
+    whole_call = (await whole(client)).choices[0].message.tool_calls[0]
+    assert (whole_call.function.name, whole_call.function.arguments) == (calls[0]["name"], calls[0]["arguments"])

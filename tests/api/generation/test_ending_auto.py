@@ -3,10 +3,12 @@ grammar, so stops and max_tokens can cut a call anywhere): the FakeEngine plays 
 parser's format after some text, cut by each ending, through chat (n=2), Responses and Messages,
 whole and streamed (the official clients assemble the streams).
 
-Rules (`api/generation/ending.py`): text the model wrote is never silently dropped, so a call cut
-by a stop string or max_tokens is content verbatim and finish_reason is the engine's ("stop",
-"length"); whole calls with no call left open are "tool_calls" (also when max_tokens then cut the
-text after them); Anthropic's stop_reason and the Responses status agree.
+Rules (`api/generation/ending.py`): text the model wrote is never silently dropped, and a call
+whose header already streamed stays a call; so a call cut by a stop string or max_tokens after its
+header is that call, its arguments the model's text verbatim (not JSON), and finish_reason is the
+engine's ("stop", "length"), never "tool_calls"; whole calls with no call left open are
+"tool_calls" (also when max_tokens then cut the text after them); Anthropic's stop_reason and the
+Responses status agree. Stream and whole answers are equal in every row.
 """
 
 from __future__ import annotations
@@ -56,16 +58,31 @@ def _script(parser: str, ending: str) -> tuple[str, dict[str, Any]]:
     return BEFORE + call + AFTER, {"max_tokens": len(BEFORE + call) + 6}   # max_tokens after the call
 
 
+def _arguments(text: str) -> Any:
+    """A call's arguments: the parsed object, or the text itself when it is not JSON (a call cut
+    after its header streamed keeps the model's text verbatim)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def _expected(parser: str, ending: str) -> tuple[str, list[tuple[str, Any]], str]:
-    """(content, [(name, arguments object)], finish_reason) the rules give."""
+    """(content, [(name, arguments object, or the verbatim text of a cut call)], finish_reason)
+    the rules give."""
     text, fields = _script(parser, ending)
     if ending == "stop string inside the call":
-        return text[: text.index("Dublin")], [], "stop"
-    cut = text[: fields["max_tokens"]]
+        cut, reason = text[: text.index("Dublin")], "stop"
+    else:
+        cut, reason = text[: fields["max_tokens"]], "length"
     parsed = get_tool_parser(parser)().parse(cut)
-    calls = [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls]
-    if ending == "max_tokens inside the call":
-        return cut, [], "length"
+    calls = [(c.name, _arguments(c.arguments)) for c in parsed.tool_calls]
+    if ending.endswith("inside the call"):   # the header streamed: a call, its arguments cut verbatim
+        [call] = parsed.tool_calls
+        assert parsed.cut_call_ids == {call.id} and parsed.content == BEFORE.rstrip("\n")
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(call.arguments)
+        return parsed.content, calls, reason
     return parsed.content, calls, "tool_calls"
 
 
@@ -101,7 +118,7 @@ async def _chat(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tuple[s
         chunks = [c async for c in await client.chat.completions.create(**body, stream=True)]
     results = []
     for choice in whole.choices:
-        calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+        calls = [(c.function.name, _arguments(c.function.arguments)) for c in choice.message.tool_calls or []]
         results.append((choice.message.content or "", calls, choice.finish_reason))
     for index, result in enumerate(results):
         content, calls, reasons = "", {}, []
@@ -111,7 +128,8 @@ async def _chat(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tuple[s
                 for delta in choice.delta.tool_calls or []:
                     calls.setdefault(delta.index, [delta.function.name, ""])[1] += delta.function.arguments or ""
                 reasons += [choice.finish_reason] if choice.finish_reason else []
-        assert (content, [(n, json.loads(a)) for n, a in calls.values()], reasons) == (*result[:2], [result[2]])
+        streamed = [(n, _arguments(a)) for n, a in calls.values()]
+        assert (content, streamed, reasons) == (*result[:2], [result[2]])
     assert results[0] == results[1]
     return results[0]
 
@@ -124,7 +142,7 @@ async def _responses(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tu
         events = [e async for e in await client.responses.create(**body, stream=True)]
     got = []
     for response in (whole, events[-1].response):
-        calls = [(i.name, json.loads(i.arguments)) for i in response.output if i.type == "function_call"]
+        calls = [(i.name, _arguments(i.arguments)) for i in response.output if i.type == "function_call"]
         got.append((response.output_text, calls, response.status))
     assert got[0] == got[1]
     return got[0]
@@ -152,6 +170,14 @@ async def test_ending_in_auto_parse_only(app: FastAPI, engine: FakeEngine, parse
         assert (response_calls, status) == (calls, "incomplete" if finish_reason == "length" else "completed")
         assert output_text.replace("\n", "") == content.replace("\n", "")
     text_out, uses, stop_reason, stop_sequence = await _messages(app, fields)
+    if ending.endswith("inside the call"):
+        # a tool_use input is an object: what the streamed prefix parses to ({}: the city string
+        # was still open), the rest of the call's text a text block after it. The JSON formats
+        # streamed all of their text; pythonic and qwen3_coder only "{" (they stream the JSON they
+        # build, one parameter at a time, and no parameter was complete)
+        [(name, arguments)] = calls
+        rest = arguments[1:] if parser in ("pythonic", "qwen3_coder") else ""
+        calls, content = [(name, {})], content + rest
     assert (text_out.replace("\n", ""), uses) == (content.replace("\n", ""), calls)
     if "stop" in fields:
         assert (stop_reason, stop_sequence) == ("stop_sequence", "Dublin")
@@ -165,13 +191,21 @@ async def test_timeout_or_abort_inside_a_call_fails_without_markup(
     app: FastAPI, engine: FakeEngine, parser: str, failure: Exception
 ) -> None:
     """A timeout or an abort (shutdown) while a call is open is no ending: whole, the request fails
-    (408 / 503, the API's error body); streamed, what went out before is the text ahead of the
-    call, never its markup, then one error event (chat) / error + response.failed (Responses) /
-    an Anthropic error event."""
+    (408 / 503, the API's error body); streamed, the content that went out is the text ahead of
+    the call, never its markup, and the call's header and the fragments of its arguments already
+    generated went out as call deltas (arguments stream as generated: a delta cannot wait for an
+    ending that may never come); they are a strict prefix of the call's arguments, never a whole
+    call, then one error event (chat, no finish_reason) / the item closed "incomplete", error +
+    response.failed (Responses) / an Anthropic error event."""
     _play(engine, BEFORE + CALLS[parser])
     engine.fail_after_tokens = len(BEFORE) + CALLS[parser].index("Dublin")
     engine.failure = failure
     status = 408 if isinstance(failure, RequestTimedOut) else 503
+    [whole_call] = get_tool_parser(parser)().parse(CALLS[parser]).tool_calls
+
+    def partial(arguments: str) -> bool:   # a strict prefix of the whole call's arguments
+        return whole_call.arguments.startswith(arguments) and arguments != whole_call.arguments
+
     tools = [{"type": "function", "function": WEATHER}]
     chat = {"model": "fake-model", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
@@ -180,15 +214,33 @@ async def test_timeout_or_abort_inside_a_call_fails_without_markup(
         events = [json.loads(p) for p in sse_events(streamed.text)]
         content = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"])
         assert content == BEFORE.rstrip("\n") and "error" in events[-1]
-        assert not any(c["delta"].get("tool_calls") for e in events[:-1] for c in e["choices"])
+        assert not any(c["finish_reason"] for e in events[:-1] for c in e["choices"])
+        calls: dict[int, list[str]] = {}
+        choices = [c for e in events[:-1] for c in e["choices"]]
+        for delta in (d for c in choices for d in c["delta"].get("tool_calls") or []):
+            entry = calls.setdefault(delta["index"], [delta["function"].get("name"), ""])
+            entry[1] += delta["function"].get("arguments") or ""
+        assert list(calls) == [0]   # the header went out: the name was known, the arguments begun
+        assert all(name == "get_weather" and partial(arguments) for name, arguments in calls.values())
         body = {"model": "fake-model", "input": "Weather?", "tools": [{"type": "function", **WEATHER}]}
         assert (await client.post("/v1/responses", json=body)).status_code == status
         lines = (await client.post("/v1/responses", json={**body, "stream": True})).text.splitlines()
         events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
         assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
-        assert not any(e["type"].startswith("response.function_call") for e in events)
+        texts = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+        assert "".join(texts) == BEFORE.rstrip("\n")
+        items = [e["item"] for e in events if e["type"] == "response.output_item.done"
+                 and e["item"]["type"] == "function_call"]
+        assert [(i["status"], partial(i["arguments"])) for i in items] == [("incomplete", True)]
         messages = {"model": "fake-model", "max_tokens": 400, "messages": [{"role": "user", "content": "Weather?"}],
                     "tools": [{"name": "get_weather", "input_schema": WEATHER["parameters"]}]}
         assert (await client.post("/v1/messages", json=messages)).status_code == status
         text = (await client.post("/v1/messages", json={**messages, "stream": True})).text
-        assert "event: error" in text and "tool_use" not in text
+        assert "event: error" in text
+        events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+        deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+        assert "".join(d.get("text", "") for d in deltas) == BEFORE.rstrip("\n")
+        assert partial("".join(d.get("partial_json", "") for d in deltas))
+        uses = [e["content_block"] for e in events if e["type"] == "content_block_start"
+                and e["content_block"]["type"] == "tool_use"]
+        assert [u["name"] for u in uses] == ["get_weather"]

@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from partial_json_parser import Allow
+from partial_json_parser import loads as partial_json_loads
 from api_support import FakeEngine
 from test_messages import body, typed_events
 
@@ -139,3 +141,76 @@ async def test_output_format_json_schema(client: httpx.AsyncClient, engine: Fake
     await client.post("/v1/chat/completions", json=chat)
     assert engine.requests[-2].grammar_spec == engine.requests[-1].grammar_spec
     assert engine.requests[-1].grammar_spec is not None
+
+
+async def test_input_json_streams_in_fragments_that_parse_as_partial_json(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """Issue 14: input_json_delta fragments as generated; every prefix parses (the SDK parses each)."""
+    city = "Llanfairpwllgwyngyll \\u00e9 " * 4
+    play(engine, call_text("get_weather", {"city": city}))
+    events = typed_events((await client.post("/v1/messages", json=tool_body(tools=TOOLS, stream=True))).text)
+    fragments = [d["delta"]["partial_json"] for n, d in events
+                 if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta"]
+    assert len(fragments) > 10
+    for size in range(1, len(fragments)):
+        assert isinstance(partial_json_loads("".join(fragments[:size]), Allow.ALL), dict)
+    assert json.loads("".join(fragments)) == {"city": city}
+    whole = (await client.post("/v1/messages", json=tool_body(tools=TOOLS))).json()
+    assert whole["content"][0]["input"] == {"city": city}
+
+
+async def test_malformed_input_keeps_its_parsed_prefix_and_the_rest_is_text(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """Unconstrained only: the call's header went out, its arguments then broke: the tool_use input
+    is what the sent prefix parses to, the model's rest is a text block; streamed equals whole."""
+    play(engine, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": }}\n</tool_call>')
+    whole = (await client.post("/v1/messages", json=tool_body(tools=TOOLS))).json()
+    assert [(b["type"], b.get("input"), b.get("text")) for b in whole["content"]] == [
+        ("tool_use", {"city": "Oslo"}, None), ("text", None, "}")]
+    events = typed_events((await client.post("/v1/messages", json=tool_body(tools=TOOLS, stream=True))).text)
+    fragments = "".join(d["delta"]["partial_json"] for n, d in events
+                        if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta")
+    texts = "".join(d["delta"]["text"] for n, d in events
+                    if n == "content_block_delta" and d["delta"]["type"] == "text_delta")
+    assert partial_json_loads(fragments, Allow.ALL) == {"city": "Oslo"} and texts == "}"
+
+
+async def test_forced_call_cut_by_max_tokens_is_stopped_and_left_out(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """tool_choice any: its block started and its first fragments streamed; the cut stops the block
+    and the message, whole and streamed, leaves it out (call markup is never text)."""
+    text = call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    play(engine, text)
+    fields = {"tools": TOOLS, "tool_choice": {"type": "any"}, "max_tokens": text.index("gwyngyll")}
+    events = typed_events((await client.post("/v1/messages", json=body(stream=True, **fields))).text)
+    starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
+    assert starts == ["tool_use"] and [d["index"] for n, d in events if n == "content_block_stop"] == [0]
+    assert sum(n == "content_block_delta" and d["delta"]["type"] == "input_json_delta" for n, d in events) > 1
+    assert not any(n == "content_block_delta" and d["delta"]["type"] == "text_delta" for n, d in events)
+    whole = (await client.post("/v1/messages", json=body(**fields))).json()
+    assert whole["content"] == [] and whole["stop_reason"] == "max_tokens"
+    assert events[-2][1]["delta"]["stop_reason"] == "max_tokens"
+
+
+async def test_auto_call_cut_by_max_tokens_keeps_its_block(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """tool_choice auto, unconstrained: a call whose block started stays a tool_use block (its text
+    is never dropped nor moved); its input is what the streamed prefix parses to ({}: the city
+    string was still open, as the SDK parses it), stop_reason "max_tokens"; stream equals whole."""
+    text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    play(engine, text)
+    fields = {"tools": TOOLS, "max_tokens": text.index("gwyngyll")}
+    events = typed_events((await client.post("/v1/messages", json=body(stream=True, **fields))).text)
+    starts = [d["content_block"]["type"] for n, d in events if n == "content_block_start"]
+    assert starts == ["text", "tool_use"] and [d["index"] for n, d in events if n == "content_block_stop"] == [0, 1]
+    fragments = "".join(d["delta"]["partial_json"] for n, d in events
+                        if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta")
+    assert fragments == '{"city": "Llanfairpwll'
+    whole = (await client.post("/v1/messages", json=body(**fields))).json()
+    assert [(b["type"], b.get("text"), b.get("input")) for b in whole["content"]] == [
+        ("text", "Checking.", None), ("tool_use", None, {})]
+    assert whole["stop_reason"] == "max_tokens" and events[-2][1]["delta"]["stop_reason"] == "max_tokens"

@@ -137,3 +137,18 @@ async def test_each_app_has_its_own_registry(engine: FakeEngine) -> None:
         assert value(await scrape(second), "e2e_request_latency_seconds_count") == 0
     for app in apps:
         app.state.responses.store.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_time_to_first_tool_call_delta_is_observed_once_per_choice(
+    client: httpx.AsyncClient, engine: FakeEngine, stream: bool
+) -> None:
+    engine.max_model_len = 8192
+    answer(engine, call_text("get_weather", {"city": "Oslo"}) + "\n" + call_text("get_weather", {"city": "Rome"}))
+    response = await client.post("/v1/chat/completions", json=chat_body(tools=[TOOL], stream=stream, n=2))
+    assert response.status_code == 200
+    answer(engine, "No call.")
+    assert (await client.post("/v1/chat/completions", json=chat_body(tools=[TOOL], stream=stream))).status_code == 200
+    samples = await scrape(client)
+    assert value(samples, "time_to_first_tool_call_delta_seconds_count") == 2   # two choices, one each
+    assert 0 < value(samples, "time_to_first_tool_call_delta_seconds_sum") < 60

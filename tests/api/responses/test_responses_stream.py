@@ -122,13 +122,16 @@ async def test_required_call_items_complete_even_without_text(
     events = await stream(client, input="x", tools=[GET_WEATHER], tool_choice="required")
     response = check_lifecycle(events)
     types = [e["type"] for e in events]
+    num_deltas = types.count("response.function_call_arguments.delta")
+    assert num_deltas > 1   # the arguments stream as generated
     assert types[2:] == [
         "response.output_item.added",
-        "response.function_call_arguments.delta",
+        *["response.function_call_arguments.delta"] * num_deltas,
         "response.function_call_arguments.done",
         "response.output_item.done",
         "response.completed",
     ]
+    assert json.loads(events[-3]["arguments"]) == {"city": "Paris"}
     added = events[2]["item"]
     assert added["type"] == "function_call" and added["name"] == "get_weather" and added["arguments"] == ""
     assert added["status"] == "in_progress" and added["call_id"].startswith("call_")
@@ -212,3 +215,41 @@ async def test_output_text_logprobs_with_a_call_cover_the_text_only(client: http
         part = message["content"][0]
         assert part["text"].strip() == "Sure."
         assert "".join(lp["token"] for lp in part["logprobs"]) == part["text"]
+
+
+async def test_forced_call_cut_by_max_output_tokens_is_closed_incomplete_and_left_out(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """tool_choice required: its header and first fragments streamed; the cut closes the item (done
+    events, status "incomplete") and the response's output, whole and streamed, leaves it out (an
+    output with no item gets its one empty message)."""
+    text = call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    play(engine, text)
+    fields = {"input": "x", "tools": [GET_WEATHER], "tool_choice": "required",
+              "max_output_tokens": text.index("gwyngyll")}
+    events = await stream(client, **fields)
+    types = [e["type"] for e in events]
+    assert types.count("response.function_call_arguments.delta") > 1
+    [done] = [e for e in events if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
+    assert done["item"]["status"] == "incomplete"
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.incomplete"
+    assert [(i["type"], i["content"][0]["text"]) for i in final["output"]] == [("message", "")]
+    assert without_ids(final["output"]) == without_ids((await whole(client, **fields))["output"])
+
+
+async def test_auto_call_cut_by_max_output_tokens_stays_a_call(
+    client: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """tool_choice auto, unconstrained: a call whose header streamed stays in the output, its
+    arguments the model's text verbatim (not JSON); the response is "incomplete"; stream == whole."""
+    text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    play(engine, text)
+    fields = {"input": "x", "tools": [GET_WEATHER], "max_output_tokens": text.index("gwyngyll")}
+    events = await stream(client, **fields)
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.incomplete"
+    assert [(i["type"], i.get("arguments")) for i in final["output"]] == [
+        ("message", None), ("function_call", '{"city": "Llanfairpwll')]
+    assert final["output"][0]["content"][0]["text"] == "Checking."
+    assert without_ids(final["output"]) == without_ids((await whole(client, **fields))["output"])
