@@ -95,8 +95,8 @@ SETUP_LOG = ("engine.model_loader: weights:", "engine.models.crossover:", "engin
 
 @contextlib.contextmanager
 def served(server_args: list[str]) -> Iterator[Served]:
-    """`structserve serve` (model name smollm2) on a free loopback port, healthy and past its
-    background compile (the loads would otherwise time the compiler); yields a Served and stops the
+    """`structserve serve` (model name smollm2) on a free loopback port, healthy and, with
+    `--compile`, past its background compile (the loads would otherwise time the compiler); yields a Served and stops the
     server afterwards (`server_process.py`: it also dies with this process)."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,7 +104,7 @@ def served(server_args: list[str]) -> Iterator[Served]:
                               timeout_s=300.0, poll_s=1.0)
         try:
             ready_s = round(time.monotonic() - started, 2)
-            if "--no-compile" not in server_args:
+            if "--compile" in server_args:   # off by default (`serve --compile` turns it on)
                 server.wait_for_compile()
             setup = [line.split(" INFO ", 1)[-1][:600] for line in server.log().splitlines()
                      if any(key in line for key in SETUP_LOG)]
