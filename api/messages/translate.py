@@ -62,7 +62,7 @@ def translate(body: CountTokensRequest, adapter: str | None) -> GenerationInputs
     """
     if isinstance(body, MessagesRequest):
         sampling = sampling_params(
-            {},
+            {"stop": "stop_sequences"},
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=-1 if body.top_k is None else body.top_k,

@@ -36,6 +36,8 @@ CHAT_AND_COMPLETIONS = [
     ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
     ({"logit_bias": {"65": 100.5}}, "logit_bias"),
     ({"logit_bias": {"65": -101}}, "logit_bias"),
+    ({"stop": ""}, "stop"),
+    ({"stop": ["x", ""]}, "stop"),
 ]
 CASES = [
     # (path, body, param)
@@ -58,6 +60,7 @@ CASES = [
         ({"top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": -1}, "top_logprobs"),
         ({"seed": 2**64}, "seed"),
+        ({"stop": [""]}, "stop"),
     ]],
     *[("/v1/messages", {"model": "fake-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
                         **fields}, param) for fields, param in [
@@ -67,6 +70,7 @@ CASES = [
         ({"temperature": -0.1}, "temperature"),
         ({"temperature": 1.5}, "temperature"),   # Anthropic's 0..1
         ({"top_k": 0}, "top_k"),                 # Anthropic's >= 1
+        ({"stop_sequences": ["x", ""]}, "stop_sequences"),
     ]],
 ]
 
