@@ -22,7 +22,7 @@ from engine.errors import (
 )
 from engine.histogram import HistogramSnapshot
 from engine.request import CompletionDelta, EngineRequest, RequestOutput, TokenLogprob
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_LOGPROBS, MAX_N, MAX_TEMPERATURE, SEED_RANGE, SamplingParams
 from engine.stats import EngineStats
 
 if TYPE_CHECKING:
@@ -42,10 +42,14 @@ __all__ = [
     "EngineStats",
     "EngineStepError",
     "HistogramSnapshot",
+    "MAX_LOGPROBS",
+    "MAX_N",
+    "MAX_TEMPERATURE",
     "InvalidSamplingParams",
     "ModelLoadError",
     "RequestOutput",
     "RequestTimedOut",
+    "SEED_RANGE",
     "SamplingParams",
     "TokenLogprob",
 ]

@@ -163,7 +163,9 @@ class LLMEngine:
         for index in range(params.n):
             generator = None
             if params.seed is not None:
-                generator = torch.Generator().manual_seed(params.seed + index)
+                # mod 2**64: manual_seed reads a negative seed as its uint64 two's complement
+                # anyway, and seed 2**64 - 1 with n > 1 must not overflow
+                generator = torch.Generator().manual_seed((params.seed + index) % 2**64)
             seq = Sequence(
                 seq_id=next(self._seq_ids), request_id=request.request_id, index=index,
                 token_ids=list(request.prompt_token_ids), num_prompt_tokens=len(request.prompt_token_ids),

@@ -10,6 +10,15 @@ GREEDY_TEMPERATURE = 1e-5
 """Temperatures below this are greedy (vLLM's epsilon): dividing float32 logits by a temperature
 near or under float32's smallest normal overflows to inf, and the draw degenerates to token 0."""
 
+MAX_N = 128
+"""Most choices per request (OpenAI's limit for `n`)."""
+MAX_TEMPERATURE = 2.0
+"""Highest temperature (OpenAI's range is [0, 2]; Anthropic's narrower [0, 1] is its protocol's)."""
+MAX_LOGPROBS = 20
+"""Most alternatives per token (OpenAI's top_logprobs limit)."""
+SEED_RANGE = (-(2**63), 2**64)
+"""Seeds accepted, [low, high): what torch.Generator.manual_seed takes (int64 or uint64)."""
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -22,8 +31,11 @@ class SamplingParams:
     prompt and max_model_len, `ModelLimits.validate`).
     `stop` strings are matched on detokenized text and never appear in the output unless
     `include_stop_str_in_output`; with a grammar, `stop` and `stop_token_ids` end the output only
-    where the grammar could end it (`LLMEngine._stop_allowed`). Raises InvalidSamplingParams on
-    out-of-range values.
+    where the grammar could end it (`LLMEngine._stop_allowed`).
+
+    The one range check of every endpoint's sampling fields (the protocols check only types):
+    raises InvalidSamplingParams(param=<field>) with the message "<field> <rule>" for a value out
+    of range (`_range_checks`).
     """
 
     n: int = 1
@@ -46,26 +58,35 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        checks: list[tuple[bool, str, str]] = [
-            (self.n >= 1, "n", "n must be >= 1"),
-            (self.temperature >= 0.0, "temperature", "temperature must be >= 0"),
-            (0.0 < self.top_p <= 1.0, "top_p", "top_p must be in (0, 1]"),
-            (self.top_k >= -1, "top_k", "top_k must be -1 (disabled) or >= 0"),
-            (0.0 <= self.min_p <= 1.0, "min_p", "min_p must be in [0, 1]"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "presence_penalty must be in [-2, 2]"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
-            (self.repetition_penalty > 0.0, "repetition_penalty", "repetition_penalty must be > 0"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "max_tokens must be >= 1"),
-            (0 <= self.min_tokens and (self.max_tokens is None or self.min_tokens <= self.max_tokens), "min_tokens",
-             "min_tokens must be in [0, max_tokens]"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs", "logprobs must be in [0, 20]"),
-            (all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()), "logit_bias",
-             "logit_bias values must be in [-100, 100]"),
-            (all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty"),
-        ]
-        for ok, param, message in checks:
+        for ok, param, rule in self._range_checks():
             if not ok:
-                raise InvalidSamplingParams(message, param=param)
+                raise InvalidSamplingParams(f"{param} {rule}", param=param)
+
+    def _range_checks(self) -> list[tuple[bool, str, str]]:
+        """(in range, field, rule) per field; the message is "<field> <rule>", so a caller that
+        names the field differently (chat's max_completion_tokens) can rename it (see
+        `api/protocol/sampling.py`)."""
+        return [
+            (1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}]"),
+            (0.0 <= self.temperature <= MAX_TEMPERATURE, "temperature",
+             f"must be in [0, {MAX_TEMPERATURE:g}]"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k >= -1, "top_k", "must be -1 (disabled) or >= 0"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
+            (self.seed is None or SEED_RANGE[0] <= self.seed < SEED_RANGE[1], "seed",
+             "must be in [-2**63, 2**64)"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be >= 1"),
+            (0 <= self.min_tokens and (self.max_tokens is None or self.min_tokens <= self.max_tokens), "min_tokens",
+             "must be in [0, max_tokens]"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+             f"must be in [0, {MAX_LOGPROBS}]"),
+            (all(-100.0 <= b <= 100.0 for b in self.logit_bias.values()), "logit_bias",
+             "values must be in [-100, 100]"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop", "strings must be non-empty"),
+        ]
 
     @property
     def greedy(self) -> bool:

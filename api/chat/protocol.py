@@ -13,6 +13,7 @@ from api.protocol.logprobs import ChoiceLogprobs
 from api.protocol.messages import ChatMessage, Tool, ToolCall, ToolChoice
 from api.protocol.sampling_fields import SamplingFields
 from api.protocol.validators import reject_when_set
+from engine import MAX_LOGPROBS
 
 
 
@@ -26,9 +27,9 @@ class ChatCompletionRequest(SamplingFields):
     """
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, json_schema_extra={"minimum": 1})
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None

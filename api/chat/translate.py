@@ -28,10 +28,15 @@ def translate(body: ChatCompletionRequest, adapter: str | None) -> ChatRequest:
     format's schema: call it off the event loop.
 
     Raises InvalidRequest for top_logprobs without logprobs, format conflicts and malformed
-    schemas; InvalidSamplingParams for inconsistent values (token ids are the engine's to check).
+    schemas; InvalidSamplingParams (param: the field sent) for out-of-range or inconsistent values
+    (token ids are the engine's to check).
     """
     num_logprobs = chat_logprobs(body.logprobs, body.top_logprobs)
-    sampling = sampling_params_from_request(body, max_tokens=body.requested_max_tokens(), logprobs=num_logprobs)
+    max_tokens_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+    sampling = sampling_params_from_request(
+        body, max_tokens=body.requested_max_tokens(), logprobs=num_logprobs,
+        names={"max_tokens": max_tokens_field, "logprobs": "top_logprobs"},
+    )
     inputs = GenerationInputs(
         messages=conversation(body.messages),
         sampling=sampling,

@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 from api.protocol.common import ResponseModel, Usage
 from api.protocol.logprobs import CompletionLogprobs
 from api.protocol.sampling_fields import SamplingFields
+from engine import MAX_LOGPROBS, MAX_N
 
 
 
@@ -21,13 +22,14 @@ class CompletionRequest(SamplingFields):
     """POST /v1/completions. `prompt` is one text, a batch of texts, one token-id list or a batch
     of them; each prompt yields `n` choices, indexed prompt_idx * n + choice_idx.
 
-    `best_of` may only equal `n`; `suffix` (insertion) is rejected with a plain 400.
+    `best_of` may only equal `n` (so n's range, checked by SamplingParams, is its range); `suffix`
+    (insertion) is rejected with a plain 400.
     """
 
     prompt: Prompt
-    best_of: int | None = Field(default=None, ge=1, le=128)
+    best_of: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_N})
     echo: bool | None = False
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: int | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})
     suffix: str | None = None
 
     @field_validator("suffix")

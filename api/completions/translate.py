@@ -20,7 +20,7 @@ from engine import EngineRequest
 
 def check_best_of_and_echo(body: CompletionRequest) -> None:
     """Raise InvalidRequest for best_of < n, NotSupported for best_of > n and echo with logprobs."""
-    n = body.n or 1
+    n = 1 if body.n is None else body.n
     if body.best_of is not None and body.best_of < n:
         raise InvalidRequest(f"best_of ({body.best_of}) must be >= n ({n})", param="best_of")
     if body.best_of is not None and body.best_of > n:
@@ -45,10 +45,10 @@ def engine_requests(
     """One EngineRequest per prompt (ids `target.request_id`, or `-i` suffixed for several prompts).
 
     Each names its prompt `prompt` / `prompt[i]` (EngineRequest.prompt_param) for the engine's
-    400s. Raises InvalidSamplingParams for inconsistent values.
+    400s. Raises InvalidSamplingParams for out-of-range or inconsistent values.
     """
     requests = []
-    params = sampling_params_from_request(body, max_tokens=body.max_tokens, logprobs=body.logprobs)
+    params = sampling_params_from_request(body, max_tokens=body.max_tokens, logprobs=body.logprobs, names={})
     for i, prompt in enumerate(prompts):
         request_id = target.request_id if len(prompts) == 1 else f"{target.request_id}-{i}"
         requests.append(

@@ -196,13 +196,15 @@ class CountTokensRequest(RequestModel):
 
 class MessagesRequest(CountTokensRequest):
     """POST /v1/messages. `metadata` and `service_tier` are accepted and have no effect;
-    temperature is 0..1 as on Anthropic's API."""
+    temperature is 0..1 and top_k >= 1 as on Anthropic's API: those narrower ranges are this
+    protocol's and stay pydantic constraints; the engine's ranges (max_tokens >= 1, top_p in
+    (0, 1], non-empty stop_sequences) are SamplingParams' to check."""
 
-    max_tokens: int = Field(ge=1)
-    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    max_tokens: int = Field(json_schema_extra={"minimum": 1})
+    stop_sequences: list[str] | None = None
     stream: bool | None = False
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: float | None = Field(default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
     top_k: int | None = Field(default=None, ge=1)
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None

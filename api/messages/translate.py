@@ -44,6 +44,7 @@ from api.messages.protocol import (
     UnsupportedTool,
 )
 from api.messages.protocol import ToolChoice as MessagesToolChoice
+from api.protocol.sampling import sampling_params
 from engine import SamplingParams
 from toolparsers import ToolCall
 
@@ -57,10 +58,11 @@ def translate(body: CountTokensRequest, adapter: str | None) -> GenerationInputs
 
     Raises InvalidRequest for a malformed output_config.format.schema or a block in the wrong
     turn; InvalidSamplingParams for
-    inconsistent sampling values.
+    out-of-range or inconsistent sampling values.
     """
     if isinstance(body, MessagesRequest):
-        sampling = SamplingParams(
+        sampling = sampling_params(
+            {"stop": "stop_sequences"},
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=-1 if body.top_k is None else body.top_k,

@@ -1,24 +1,45 @@
-"""The sampling fields of chat and completions -> SamplingParams. Types are pydantic's, ranges
-SamplingParams', and token ids and the context length the engine's (`LLMEngine.validate`)."""
+"""Request sampling fields -> SamplingParams. Types are pydantic's, ranges SamplingParams' (with
+the field named as the client sent it), and token ids and the context length the engine's
+(`LLMEngine.validate`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from api.errors import InvalidRequest
 from api.protocol.sampling_fields import SamplingFields
-from engine import SamplingParams
+from engine import InvalidSamplingParams, SamplingParams
+
+
+def sampling_params(names: Mapping[str, str], **values: Any) -> SamplingParams:
+    """SamplingParams(**values), whose errors name the field the client sent.
+
+    `names` maps a SamplingParams field to the request field it came from where the two differ
+    (max_tokens -> max_completion_tokens, logprobs -> top_logprobs). Raises InvalidSamplingParams
+    with that `param` and a message starting with it.
+    """
+    try:
+        return SamplingParams(**values)
+    except InvalidSamplingParams as exc:
+        sent = names.get(exc.param or "")
+        if sent is None or exc.param is None:
+            raise
+        raise InvalidSamplingParams(sent + exc.message.removeprefix(exc.param), param=sent) from None
 
 
 def sampling_params_from_request(
-    request: SamplingFields, *, max_tokens: int | None, logprobs: int | None
+    request: SamplingFields, *, max_tokens: int | None, logprobs: int | None, names: Mapping[str, str]
 ) -> SamplingParams:
     """Build SamplingParams from the shared request fields, defaults for nulls.
 
     `max_tokens` None: what the prompt leaves of the context. `logprobs`: alternatives per token
-    (None: no logprobs). Raises InvalidSamplingParams for inconsistent values (e.g. min_tokens >
-    max_tokens).
+    (None: no logprobs). `names`: see `sampling_params`. Raises InvalidSamplingParams for an
+    out-of-range or inconsistent value (e.g. min_tokens > max_tokens).
     """
-    return SamplingParams(
-        n=request.n or 1,
+    return sampling_params(
+        names,
+        n=1 if request.n is None else request.n,
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
         top_k=-1 if request.top_k is None else request.top_k,

@@ -1,8 +1,10 @@
 """Request fields shared by /v1/chat/completions and /v1/completions (OpenAI + vLLM extras).
 
 Every field is optional and nullable; null means the default, resolved in
-`api/protocol/sampling.py`. Ranges follow OpenAI (temperature 0..2, top_p (0, 1], n 1..128); token
-ids (logit_bias keys, stop_token_ids) are checked against the vocabulary by the engine.
+`api/protocol/sampling.py`. Only types are checked here: the ranges (OpenAI's: temperature 0..2,
+top_p (0, 1], n 1..128) are SamplingParams' to check, and are only documented in the schema
+(`json_schema_extra`, not validated); token ids (logit_bias keys, stop_token_ids) are checked
+against the vocabulary by the engine.
 """
 
 from __future__ import annotations
@@ -14,30 +16,35 @@ from api.protocol.common import RequestModel, StreamOptions
 from api.protocol.messages import ResponseFormat
 from api.protocol.structured_outputs import StructuredOutputs
 from api.protocol.validators import Stop
+from engine import MAX_N, MAX_TEMPERATURE, SEED_RANGE
+
+SEED_SCHEMA = {"minimum": SEED_RANGE[0], "exclusiveMaximum": SEED_RANGE[1]}
+TEMPERATURE_SCHEMA = {"minimum": 0, "maximum": MAX_TEMPERATURE}
+"""Documented ranges that SamplingParams checks, shared with Responses' `seed` and `temperature`."""
 
 
 class SamplingFields(RequestModel):
     """Fields common to chat and text completions requests."""
 
     model: str | None = None
-    n: int | None = Field(default=None, ge=1, le=128)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    n: int | None = Field(default=None, json_schema_extra={"minimum": 1, "maximum": MAX_N})
+    max_tokens: int | None = Field(default=None, json_schema_extra={"minimum": 1})
+    temperature: float | None = Field(default=None, json_schema_extra=TEMPERATURE_SCHEMA)
+    top_p: float | None = Field(default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
+    presence_penalty: float | None = Field(default=None, json_schema_extra={"minimum": -2, "maximum": 2})
+    frequency_penalty: float | None = Field(default=None, json_schema_extra={"minimum": -2, "maximum": 2})
     logit_bias: dict[str, float] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    seed: int | None = Field(default=None, json_schema_extra=SEED_SCHEMA)
     stop: Stop = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
     # vLLM extensions
-    top_k: int | None = Field(default=None, ge=-1)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
-    min_tokens: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, json_schema_extra={"minimum": -1})
+    min_p: float | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 1})
+    repetition_penalty: float | None = Field(default=None, json_schema_extra={"exclusiveMinimum": 0})
+    min_tokens: int | None = Field(default=None, json_schema_extra={"minimum": 0})
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
@@ -48,16 +55,13 @@ class SamplingFields(RequestModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _bias_range(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for token, bias in (value or {}).items():
+    def _bias_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        # the keys' form only: the values' range [-100, 100] is SamplingParams'
+        for token in value or {}:
             # ASCII digits only: str.isdigit() also accepts '²' and other digits int() refuses
             if not (token.isascii() and token.isdigit()):
                 raise PydanticCustomError(
                     "invalid_value", "logit_bias keys must be token ids, got '{token}'", {"token": token}
-                )
-            if not -100.0 <= bias <= 100.0:
-                raise PydanticCustomError(
-                    "invalid_value", "logit_bias values must be in [-100, 100], got {bias}", {"bias": bias}
                 )
         return value
 

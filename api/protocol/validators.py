@@ -1,11 +1,11 @@
-"""Field checks several request bodies share: `stop` strings, and fields this server refuses."""
+"""Field types and checks several request bodies share: `stop`, and fields this server refuses."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import AfterValidator, ValidationInfo
+from pydantic import ValidationInfo
 from pydantic_core import PydanticCustomError
 
 
@@ -21,15 +21,8 @@ def reject_when_set(cls: type, value: Any, info: ValidationInfo) -> Any:
     return value
 
 
-def _non_empty_stops(value: str | list[str] | None) -> str | list[str] | None:
-    stops = [value] if isinstance(value, str) else (value or [])
-    if any(not s for s in stops):
-        raise PydanticCustomError("invalid_value", "stop strings must be non-empty")
-    return value
-
-
-Stop = Annotated[str | list[str] | None, AfterValidator(_non_empty_stops)]
-"""`stop`: one string or a list of strings, none of them empty."""
+Stop = str | list[str] | None
+"""`stop`: one string or a list of strings (that none is empty is SamplingParams' check)."""
 
 
 def reject_type(message: str) -> Callable[[type, str], str]:

@@ -38,6 +38,7 @@ from api.generation.inputs import (
     ToolChoice,
     ToolInputs,
 )
+from api.protocol.sampling import sampling_params
 from api.responses.protocol.items import FunctionCallItem, FunctionCallOutputItem, InputItem, MessageItem
 from api.responses.protocol.objects import (
     FunctionCall,
@@ -55,7 +56,6 @@ from api.responses.protocol.request import (
     TextFormatJsonSchema,
 )
 from api.responses.protocol.request import FunctionTool as ResponsesFunctionTool
-from engine import SamplingParams
 from toolparsers import ToolCall
 
 _ITEMS = TypeAdapter(list[InputItem])
@@ -77,10 +77,12 @@ def translate(
 
     Raises InvalidRequest (param `input[i].call_id`) for a function_call_output without a matching
     earlier function_call, (param `input`) when the conversation is empty, and for a malformed
-    text.format schema; InvalidSamplingParams for inconsistent sampling values.
+    text.format schema; InvalidSamplingParams (param: the field sent) for out-of-range or
+    inconsistent sampling values.
     """
     messages, input_items = conversation(body, history)
-    sampling = SamplingParams(
+    sampling = sampling_params(
+        {"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"},
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,

@@ -139,3 +139,12 @@ def test_grammar_rejected_token_fails_the_request_not_stop(tiny):
         assert all(out.error is None for out in engine.step())
     engine.scheduler.check_invariants()
     assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
+
+
+def test_largest_seed_with_several_choices_runs(tiny):
+    """Choice i seeds with seed + i mod 2**64: the top seed with n = 2 must not overflow manual_seed."""
+    params = SamplingParams(temperature=1.0, n=2, seed=2**64 - 1, max_tokens=3, ignore_eos=True)
+    choices = run_all(make_engine(tiny), [EngineRequest("a", list(range(8)), params)])["a"]
+    assert [len(tokens) for tokens in choices] == [3, 3]
+    wrapped = SamplingParams(temperature=1.0, seed=0, max_tokens=3, ignore_eos=True)
+    assert run_all(make_engine(tiny), [EngineRequest("a", list(range(8)), wrapped)])["a"][0] == choices[1]

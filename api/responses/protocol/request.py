@@ -17,8 +17,10 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel, RequestModel
+from api.protocol.sampling_fields import SEED_SCHEMA, TEMPERATURE_SCHEMA
 from api.protocol.validators import Stop, reject_type, reject_when_set, type_of
 from api.responses.protocol.items import InputItem
+from engine import MAX_LOGPROBS
 
 _MAX_METADATA_PAIRS = 16
 
@@ -133,9 +135,9 @@ class ResponsesRequest(RequestModel):
     tool_choice: ResponsesToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: int | None = Field(default=None, json_schema_extra={"minimum": 1})
+    temperature: float | None = Field(default=None, json_schema_extra=TEMPERATURE_SCHEMA)
+    top_p: float | None = Field(default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
     metadata: dict[str, str] | None = None
     store: bool | None = None
     previous_response_id: str | None = Field(default=None, min_length=1)
@@ -152,14 +154,14 @@ class ResponsesRequest(RequestModel):
     safety_identifier: str | None = None
     stream_options: dict[str, Any] | None = None
     background_options: dict[str, Any] | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": MAX_LOGPROBS})
     max_tool_calls: int | None = None
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     context_management: list[Any] | None = None
     # vLLM extensions
     stop: Stop = None
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    seed: int | None = Field(default=None, json_schema_extra=SEED_SCHEMA)
     cache_salt: str | None = Field(default=None, min_length=1)   # see engine/block_hash.py
 
     @field_validator("metadata")
