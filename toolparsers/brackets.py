@@ -8,6 +8,7 @@ whenever the buffer's front is consumed) keeps where each scan stopped, so a lon
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 # (scan kind, start index) -> (index to resume at, bracket depth, open string delimiter or "")
 Memo = dict[tuple[str, int], tuple[int, int, str]]
@@ -26,9 +27,33 @@ def find_closing(text: str, start: int, python: bool = False, memo: Memo | None 
     triple-quoted ones, all with backslash escapes. With `memo`, a later call on a longer `text`
     (same prefix) resumes where this one stopped.
     """
-    key = ("close", start)
-    pos, depth, delim = memo.get(key, (start, 0, "")) if memo is not None else (start, 0, "")
     significant = _SIGNIFICANT_PYTHON if python else _SIGNIFICANT_JSON
+
+    def step(char: str, depth: int, pos: int) -> tuple[int, int]:
+        depth += 1 if char in "{[(" else -1
+        return depth, (pos + 1 if depth == 0 else -1)
+
+    return _walk(text, ("close", start), start, memo, significant, python, step)
+
+
+def find_value_end(text: str, start: int, memo: Memo | None = None) -> int:
+    """Index of the first "," or closing bracket at bracket depth 0 from `start` in a Python source,
+    outside strings (the end of an argument value), or -1 if not written yet. `memo` as above."""
+
+    def step(char: str, depth: int, pos: int) -> tuple[int, int]:
+        if depth == 0 and char in ",)]}":
+            return depth, pos
+        return depth + (1 if char in "{[(" else (-1 if char in ")]}" else 0)), -1
+
+    return _walk(text, ("value", start), start, memo, _SIGNIFICANT_VALUE, True, step)
+
+
+def _walk(text: str, key: tuple[str, int], start: int, memo: Memo | None, significant: re.Pattern[str],
+          python: bool, step: Callable[[str, int, int], tuple[int, int]]) -> int:
+    """The scan both finders share: from `start` (or where `memo[key]` stopped), skip strings and
+    hand every other `significant` character to `step(char, depth, pos) -> (depth, found)`; return
+    the first `found` >= 0, or -1 at the end of `text` (remembering where it stopped in `memo`)."""
+    pos, depth, delim = memo.get(key, (start, 0, "")) if memo is not None else (start, 0, "")
     while True:
         if delim:
             pos, closed = _skip_string(text, pos, delim)
@@ -47,41 +72,9 @@ def find_closing(text: str, start: int, python: bool = False, memo: Memo | None 
                 break
             pos += len(delim)
             continue
-        depth += 1 if char in "{[(" else -1
-        pos += 1
-        if depth == 0:
-            return pos
-    if memo is not None:
-        memo[key] = (pos, depth, delim)
-    return -1
-
-
-def find_value_end(text: str, start: int, memo: Memo | None = None) -> int:
-    """Index of the first "," or closing bracket at bracket depth 0 from `start` in a Python source,
-    outside strings (the end of an argument value), or -1 if not written yet. `memo` as above."""
-    key = ("value", start)
-    pos, depth, delim = memo.get(key, (start, 0, "")) if memo is not None else (start, 0, "")
-    while True:
-        if delim:
-            pos, closed = _skip_string(text, pos, delim)
-            if not closed:
-                break
-            delim = ""
-            continue
-        match = _SIGNIFICANT_VALUE.search(text, pos)
-        if match is None:
-            pos = len(text)
-            break
-        pos, char = match.start(), match.group()
-        if char in "\"'":
-            delim = _opening_quote(text, pos, True)
-            if not delim:
-                break
-            pos += len(delim)
-            continue
-        if depth == 0 and char in ",)]}":
-            return pos
-        depth += 1 if char in "{[(" else (-1 if char in ")]}" else 0)
+        depth, found = step(char, depth, pos)
+        if found >= 0:
+            return found
         pos += 1
     if memo is not None:
         memo[key] = (pos, depth, delim)
