@@ -2,16 +2,18 @@
 """Decode forward per step, eager vs the compiled decode step, on SmolLM2 (in-process). Prints
 ONE JSON line.
 
-Loads the default SmolLM2 GGUF through engine/ (float32, or `--dtype bfloat16`: the float32 load
-cast to bf16, KV cache too), fills a KV cache of blocks handed out in shuffled order (as in a
+Loads the default SmolLM2 GGUF through engine/ (float32 activations; `--quantization` as the
+server's flag, default `auto`: the GGUF's int4 layers and their bf16 oneDNN copies, as served; or
+`--dtype bfloat16`: the float32 load cast to bf16, KV cache too), fills a KV cache of blocks handed out in shuffled order (as in a
 server that has run a while) for `--batches` (B x context; the K/V of one real prefill copied to
 every sequence) and times, per batch, the model forward plus the LM head of one decode step:
 eager (the engine's path today: gather + SDPA attention) against `CompiledDecode`
 (engine/compiled_decode.py), taking turns, `--repeats` each, medians in ms. It also times one
 step's attention alone (30 layers' worth, same cache): `_decode_ref` (index_select gather + SDPA)
-against compiled `paged_decode_attention`; the warm-up (compile) seconds, "cold" with an empty
-inductor cache (`--inductor-cache` a fresh folder) and "warm" on a second run with the same folder
-(`cache_counters` says what inductor's caches served); and the logit difference between the
+against compiled `paged_decode_attention`; the warm-up (compile) seconds, in all and per graph, "cold" with an
+empty inductor cache (`--inductor-cache` a fresh folder) and "warm" on a second run with the same
+folder (`cache_stats`: what AOTAutograd's and inductor's FX graph caches served; `--freezing`
+compiles with the weights as constants, which those caches refuse); and the logit difference between the
 two paths. Not a test: figures depend on the machine and on what else runs on it; compare ratios
 from one run.
 """
@@ -36,7 +38,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--no-freezing", action="store_true", help="compile without inductor freezing")
+    parser.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto")
+    parser.add_argument("--crossover-rows", type=int, default=None,
+                        help="int4/bf16 crossover (default: measured at load; pin it to reuse a warm cache)")
+    parser.add_argument("--freezing", action="store_true", help="compile with inductor freezing (not cacheable)")
     parser.add_argument("--inductor-cache", default=None, help="TORCHINDUCTOR_CACHE_DIR for this run")
     return parser.parse_args()
 
@@ -124,7 +129,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     dtype = getattr(torch, args.dtype)
-    loaded = load_model(None, torch.float32, torch.device("cpu"), 1024)
+    loaded = load_model(None, torch.float32, torch.device("cpu"), 1024, args.quantization, args.crossover_rows)
     model, arch = loaded.model, loaded.arch
     if dtype != torch.float32:
         model.to(dtype)
@@ -133,14 +138,13 @@ def main() -> int:
     num_blocks = max(b * (-(-(c + 1) // 16)) for b, c in batches) + 8
     per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, dtype)
     runner = ModelRunner(model, arch, torch.device("cpu"), dtype, 16, num_blocks * per_block, 1024)
-    compiled = CompiledDecode(model, freezing=not args.no_freezing)
+    compiled = CompiledDecode(model, freezing=args.freezing)
     compiled.warm_up(runner.kv_caches, runner.scratch_block)
-    result: dict = {"dtype": args.dtype, "threads": torch.get_num_threads(), "freezing": not args.no_freezing,
-                    "warm_up_s": round(compiled.compile_seconds or 0.0, 1),
+    result: dict = {"dtype": args.dtype, "quantization": args.quantization, "threads": torch.get_num_threads(),
+                    "freezing": args.freezing, "warm_up_s": round(compiled.compile_seconds or 0.0, 1),
+                    "graph_s": [round(t, 1) for t in compiled.graph_seconds],
                     "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
-                    "cache_counters": {k: v for k, v in torch._dynamo.utils.counters["inductor"].items()
-                                       if "cache" in k},
-                    "cases": []}
+                    "cache_stats": compiled.cache_stats, "cases": []}
     attention = torch.compile(paged_decode_attention, dynamic=False)
     with torch.inference_mode():
         for batch, context in batches:

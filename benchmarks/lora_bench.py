@@ -64,7 +64,8 @@ def start_lora_server(gguf: Path, folders: list[Path], rank: int, extra: list[st
     healthy (`server_process.py`); SystemExit when it dies or is not healthy within 600 s."""
     modules = [f"ad{i}={folder}" for i, folder in enumerate(folders)]
     args = [str(gguf), "--served-model-name", "base", "--enable-lora", "--max-loras", str(len(folders)),
-            "--max-lora-rank", str(rank), "--lora-modules", *modules, "--log-level", "warning", *extra]
+            "--max-lora-rank", str(rank), "--lora-modules", *modules, "--log-level", "warning",
+            "--no-compile", *extra]   # eager base steps, as LoRA steps are: the ratio is LoRA's own cost
     try:
         return start_server(args, log_path=log, timeout_s=600.0, poll_s=1.0)
     except RuntimeError as exc:

@@ -89,14 +89,14 @@ class Served:
         raise RuntimeError(f"no VmRSS for pid {self.pid}")
 
 
-SETUP_LOG = ("engine.model_loader: weights:", "engine.models.crossover:", "engine.threads:",
+SETUP_LOG = ("engine.model_loader: weights:", "engine.models.crossover:", "engine.threads:", "engine.step_threads:",
              "engine.compiled_decode:")
 
 
 @contextlib.contextmanager
 def served(server_args: list[str]) -> Iterator[Served]:
     """`structserve serve` (model name smollm2) on a free loopback port, healthy and, with
-    `--compile`, past its background compile (the loads would otherwise time the compiler); yields a Served and stops the
+    unless `--no-compile`, past its background compile (the loads would otherwise time the compiler); yields a Served and stops the
     server afterwards (`server_process.py`: it also dies with this process)."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,8 +104,7 @@ def served(server_args: list[str]) -> Iterator[Served]:
                               timeout_s=300.0, poll_s=1.0)
         try:
             ready_s = round(time.monotonic() - started, 2)
-            if "--compile" in server_args:   # off by default (`serve --compile` turns it on)
-                server.wait_for_compile()
+            server.wait_for_compile()   # the default compiles; returns at once with --no-compile
             setup = [line.split(" INFO ", 1)[-1][:600] for line in server.log().splitlines()
                      if any(key in line for key in SETUP_LOG)]
             yield Served(server.url, server.proc.pid, ready_s, round(time.monotonic() - started, 2), setup)

@@ -31,7 +31,8 @@ _PR_SET_PDEATHSIG = 1   # linux/prctl.h
 # Forks every server (see the module docstring); its thread lives until the interpreter exits.
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="server-spawner")
 _LIVE: set[subprocess.Popen] = set()
-COMPILE_READY = "compiled decode step ready"           # engine/compiled_decode.py's log lines
+COMPILE_STARTED = "compiling the decode step in the background"   # engine/compiled_decode.py's log lines
+COMPILE_READY = "compiled decode step ready"
 COMPILE_UNAVAILABLE = "compiled decode step unavailable"
 _LIVE_LOCK = threading.Lock()
 
@@ -48,11 +49,20 @@ class ServerProcess:
         """The server's output so far ("" when it is not logged)."""
         return self.log_path.read_text(errors="replace") if self.log_path is not None else ""
 
+    def compiling(self) -> bool:
+        """Whether the server started a background decode-step compile (logged before /health
+        answers; a server of an older checkout, or `--no-compile`, logs none). Needs a logged server."""
+        return COMPILE_STARTED in self.log()
+
     def wait_for_compile(self, timeout_s: float = 900.0) -> str:
         """Block until the server logs the outcome of its background decode-step compile and
         return that log line ("compiled decode step ready in N s ..." or "... unavailable ...").
         Compiling takes the cores for a minute or more; requests meanwhile run eager and slowly.
-        Needs a logged server. Raises RuntimeError if the server exits or `timeout_s` passes."""
+        Returns "" at once for a server that started no compile (`compiling`: `--no-compile`, an
+        older checkout). Needs a logged server. Raises RuntimeError if the server exits or
+        `timeout_s` passes."""
+        if not self.compiling():
+            return ""
         deadline = time.monotonic() + timeout_s
         while True:
             for line in self.log().splitlines():

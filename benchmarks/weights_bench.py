@@ -78,8 +78,9 @@ def set_crossover(model, rows: int) -> None:
 
 
 def server_rss_mib(args: list[str]) -> float:
-    """VmRSS of a healthy `structserve serve --kv-cache-memory 512MiB` process, MiB."""
-    server = start_server(["--kv-cache-memory", "512MiB", *args])
+    """VmRSS of a healthy `structserve serve --kv-cache-memory 512MiB --no-compile` process, MiB
+    (the weights' and cache's memory, without the compiler's)."""
+    server = start_server(["--kv-cache-memory", "512MiB", "--no-compile", *args])
     try:
         status = Path(f"/proc/{server.proc.pid}/status").read_text()
         return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS"))) / 1024

@@ -15,6 +15,7 @@ from constrained.errors import (
     InvalidGrammar,
     NotComposable,
     UnknownGrammarBackend,
+    UnwritableGrammar,
 )
 from constrained.registry import GRAMMAR_BACKENDS, get_grammar_backend
 from constrained.spec import GrammarKind, GrammarSpec
@@ -40,6 +41,7 @@ __all__ = [
     "StructuralTag",
     "StructuralTagGrammar",
     "UnknownGrammarBackend",
+    "UnwritableGrammar",
     "VocabInfo",
     "allocate_bitmask",
     "allow_only",

@@ -7,12 +7,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from constrained.bitmask import allow_only, check_bitmask, fill_all_ones
+import numpy as np
+
+from constrained.bitmask import allocate_bitmask, allow_only, allowed_mask, check_bitmask, fill_all_ones
 from constrained.spec import GrammarSpec
 from constrained.vocab import VocabInfo
 
 if TYPE_CHECKING:
     import torch
+
+# Matcher.is_dead_end tries at most this many allowed tokens before calling a refusal an engine fault.
+DEAD_END_TRIES = 256
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -64,6 +69,29 @@ class Matcher(ABC):
         """True when the bitmask must allow only EOS: by default once terminated; a backend adds
         states where its library can go no further (guidance: its error state)."""
         return self.is_terminated()
+
+    def is_dead_end(self) -> bool:
+        """True when no token can follow: not terminated, not accepting (so EOS is refused), and no
+        token the next bitmask allows, EOS aside, is accepted. The grammar needs text the vocabulary
+        has no token for (SmolLM2 has none for the byte 0x16), or guidance's matcher is in its error
+        state (a bitmask of EOS only). llguidance's bitmask at such a dead end is not empty: it
+        allows the token after the missing byte ("0" for "\\x160"), which its matcher then refuses,
+        so each allowed token is tried (accept, then rollback) until one is accepted, at most
+        `DEAD_END_TRIES` of them (more refusals than that count as not a dead end: an engine fault).
+        Costs one bitmask fill and usually one accept; the state is unchanged."""
+        if self.is_terminated() or self.is_accepting():
+            return False
+        size = self.vocab_info.vocab_size
+        row = allocate_bitmask(1, size)
+        self.fill_bitmask(row, 0)
+        allowed = allowed_mask(row, 0, size)
+        allowed[list(self.vocab_info.eos_token_ids)] = False
+        candidates = np.flatnonzero(allowed)
+        for token_id in candidates[:DEAD_END_TRIES].tolist():
+            if self.accept([token_id]):
+                self.rollback(1)
+                return False
+        return len(candidates) <= DEAD_END_TRIES
 
     @abstractmethod
     def rollback(self, num_tokens: int) -> None:

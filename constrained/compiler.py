@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher, fill_settled_row
-from constrained.errors import GrammarCompileTimeout, GrammarConfigError, InvalidGrammar
+from constrained.errors import GrammarCompileTimeout, GrammarConfigError, InvalidGrammar, UnwritableGrammar
 from constrained.registry import GRAMMAR_BACKENDS, get_grammar_backend
 from constrained.schema_walk import check_schema_shape
 from constrained.source import canonical_source, load_schema
@@ -213,15 +213,31 @@ class GrammarCompiler:
             backend = self.get_backend(name)
             start = time.perf_counter()
             try:
-                return backend.compile(spec)
+                compiled = backend.compile(spec)
             except InvalidGrammar as exc:
                 errors.append(exc)
+            else:
+                self._check_writable(spec, compiled)
+                return compiled
             finally:
                 self._record_compile(time.perf_counter() - start)
         if len(errors) == 1:
             raise errors[0]
         detail = "; ".join(e.message for e in errors)
         raise InvalidGrammar(f"no grammar backend can compile {spec.kind.value}: {detail}", param=spec.kind.value)
+
+    def _check_writable(self, spec: GrammarSpec, compiled: CompiledGrammar) -> None:
+        """Raise UnwritableGrammar when a fresh matcher of `compiled` is at a dead end
+        (`Matcher.is_dead_end`), at its start or after the tokens its grammar forces there: the output's
+        first characters are ones the vocabulary cannot write, so the request would sample from an
+        empty mask. A forced run the matcher itself refuses counts too (llguidance forces the token
+        after a byte the vocabulary lacks). One matcher and up to two bitmask fills."""
+        matcher = self.new_matcher(compiled)
+        forced = matcher.forced_tokens()   # a dead end after a forced run ("a\x16") is found here too
+        if matcher.is_dead_end() or (forced and (not matcher.accept(forced) or matcher.is_dead_end())):
+            raise UnwritableGrammar(
+                f"the {spec.kind.value} cannot be written by this model: no token of its vocabulary can begin "
+                "the output it requires (it needs characters the tokenizer has no token for)", param=spec.kind.value)
 
     def _record_compile(self, seconds: float) -> None:
         with self._lock:

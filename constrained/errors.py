@@ -36,6 +36,15 @@ class NotComposable(InvalidGrammar):
         self.part = part
 
 
+class UnwritableGrammar(InvalidGrammar):
+    """The grammar needs text that no token of the model's vocabulary can write: at its start
+    (found when it compiles, `GrammarCompiler`) or after some output (found when the matcher's
+    bitmask allows no token, `StructuredOutputManager.allows_any`). SmolLM2's byte-level
+    vocabulary, for one, has no token for the bytes 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d and
+    0xf1-0xf4 (the lead bytes of code points from U+40000), so a choice of "\x16" cannot be written.
+    """
+
+
 class UnknownGrammarBackend(InvalidGrammar):
     """A backend name that is not in `constrained.registry.GRAMMAR_BACKENDS`; the message lists the names."""
 

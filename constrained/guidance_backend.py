@@ -10,7 +10,6 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
-import llguidance.torch
 import torch
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
@@ -114,11 +113,14 @@ class GuidanceBackend(GrammarBackend):
     def _fill_live(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
         """Fill the rows of live GuidanceMatchers in parallel (llguidance's executor, GIL released)."""
         assert all(isinstance(matcher, GuidanceMatcher) for matcher, _ in matchers)
-        llguidance.torch.fill_next_token_bitmask_par(
-            self._executor, [(m.ll_matcher, row) for m, row in matchers], bitmask)
+        _check_bitmask(bitmask)
+        num_rows, num_words = bitmask.shape
+        self._executor.unsafe_compute_mask_ptr([(m.ll_matcher, row) for m, row in matchers], bitmask.data_ptr(),
+                                               num_words * 4, num_rows)
 
-    def _json_options(self, spec: GrammarSpec) -> Any:  # llguidance's JsonCompileOptions TypedDict
-        return guidance_json_options(spec.any_whitespace)
+    def _json_options(self, spec: GrammarSpec, fixed_layout: bool = False) -> Any:
+        """llguidance's JsonCompileOptions for `spec` (constrained.spec.guidance_json_options)."""
+        return guidance_json_options(spec.any_whitespace, fixed_layout)
 
     def _json_grammar(self, spec: GrammarSpec) -> str:
         schema = load_schema(spec)
@@ -179,21 +181,24 @@ class GuidanceBackend(GrammarBackend):
         else:  # one lexeme: text without a trigger, then the trigger (so the trigger ends the text)
             head = f"{name.upper()}_HEAD"
             rules.append(f"{head}: TAG_TEXT {_lark_literal(trigger)}")
-        content = self._json_rule(tag.schema, spec, schema_pointer(index), f"structures[{index}]")
+        content = self._json_rule(tag.schema, spec, schema_pointer(index), f"structures[{index}]",
+                                  tag.fixed_layout)
         body = [head, _lark_literal(rest) if rest else "", content, _lark_literal(tag.end) if tag.end else ""]
         rules.append(f"{name}: " + " ".join(x for x in body if x))
         return rules
 
-    def _json_rule(self, schema: dict[str, Any] | bool, spec: GrammarSpec, where: str, what: str) -> str:
+    def _json_rule(self, schema: dict[str, Any] | bool, spec: GrammarSpec, where: str, what: str,
+                   fixed_layout: bool = False) -> str:
         """`%json {...}` for a structural tag's embedded schema at JSON pointer `where` (`what` names
-        it in errors), checked and with the spec's whitespace options. Raises InvalidGrammar for an
-        unenforced keyword or a `false` schema."""
+        it in errors), checked and with the spec's whitespace options (or the fixed layout's).
+        Raises InvalidGrammar for an unenforced keyword or a `false` schema."""
         check_keywords(schema, GUIDANCE_RULES, spec.kind.value, where)
         if schema is False:
             raise InvalidGrammar(f"guidance cannot compile structural_tag: the schema of {what} is "
                                  "false (nothing matches)", param=spec.kind.value)
         body: dict[str, Any] = schema if isinstance(schema, dict) else {}
-        body = {**body, "x-guidance": {**body.get("x-guidance", {}), **self._json_options(spec)}}
+        options = self._json_options(spec, fixed_layout)
+        body = {**body, "x-guidance": {**body.get("x-guidance", {}), **options}}
         return "%json " + json.dumps(body, ensure_ascii=False)
 
 
@@ -256,7 +261,8 @@ class GuidanceMatcher(Matcher):
 
     def _fill_next(self, bitmask: torch.Tensor, row: int) -> None:
         """llguidance's fill of `bitmask[row]` (int32 CPU `[num_rows, ceil(V/32)]`, checked)."""
-        llguidance.torch.fill_next_token_bitmask(self.ll_matcher, bitmask, row)
+        _check_bitmask(bitmask)
+        self.ll_matcher.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), bitmask.shape[1] * 4)
 
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` tokens (EOS included). Raises ValueError beyond what was accepted."""
@@ -300,3 +306,13 @@ class GuidanceMatcher(Matcher):
         self.ll_matcher.reset()
         self._num_tokens = 0
         self._terminated = False
+
+
+def _check_bitmask(bitmask: torch.Tensor) -> None:
+    """The layout llguidance writes through a raw pointer: int32, CPU, `[num_rows, ceil(V/32)]`,
+    contiguous (the checks `llguidance.torch` makes). That module is not imported: its import
+    runs `torch.compile` on a helper we never call, about 1 s of CPU per process. Raises ValueError."""
+    if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or bitmask.dim() != 2 \
+            or not bitmask.is_contiguous():
+        raise ValueError(f"bitmask must be a contiguous 2-D int32 CPU tensor, got {bitmask.dtype} "
+                         f"{tuple(bitmask.shape)} on {bitmask.device}")

@@ -4,12 +4,17 @@ Source format, as JSON text in `GrammarSpec.source` (xgrammar's legacy structura
 it, plus keys that default to the legacy behaviour; `StructuralTagGrammar.spec` writes it, and
 `parse_structural_tag` reads it back into the same dataclasses):
 
-    {"structures": [{"begin": str, "schema": <JSON schema>, "end": str, "style": "json" | "qwen_xml"}],
+    {"structures": [{"begin": str, "schema": <JSON schema>, "end": str, "style": "json" | "qwen_xml",
+                     "fixed_layout": bool}],                  ("fixed_layout" only when true)
      "triggers": [str], "forced": bool, "stop_after_first": bool, "separator": str,
      "answer": <JSON schema>}                                    ("answer" only when set)
 
 - `style` "json" (default): the content is JSON matching `schema`; "qwen_xml": the object's members
   as `<parameter=KEY>VALUE</parameter>` (xgrammar `JSONSchemaFormat(style="qwen_xml")`).
+- `fixed_layout` true (style "json" only): the content is written without free whitespace, with
+  the separators `, ` and `: ` (constrained.spec.FIXED_LAYOUT_SEPARATORS), whatever the spec's
+  `any_whitespace`; the content then starts right after `begin` with no whitespace either. Tool
+  calls use it: every character after a decided name up to the first free value is forced.
 - `forced` false (default): free text; wherever a trigger appears, a structure whose `begin` starts
   with it must follow, then free text again. EOS is allowed anywhere outside a structure. Every
   `begin` must start with a trigger.
@@ -41,12 +46,14 @@ ANSWER_POINTER = "#/answer"
 @dataclass(frozen=True, slots=True, eq=False)
 class StructuralTag:
     """One constrained segment: literal `begin`, content matching `schema` written in `style`
-    ("json" or "qwen_xml"), literal `end`."""
+    ("json" or "qwen_xml"), literal `end`. `fixed_layout`: JSON content without free whitespace,
+    separators `, ` and `: ` (style "json" only; see the module docstring)."""
 
     begin: str
     schema: dict[str, Any] | bool
     end: str
     style: str = "json"
+    fixed_layout: bool = False
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -71,7 +78,7 @@ class StructuralTagGrammar:
         Not validated here (walking every schema is ~90% of building a tool grammar, per request):
         compiling checks it (parse_structural_tag, InvalidGrammar), once per distinct spec.
         """
-        structures = [{"begin": t.begin, "schema": t.schema, "end": t.end, "style": t.style} for t in self.tags]
+        structures = [_structure(t) for t in self.tags]
         data: dict[str, Any] = {
             "structures": structures,
             "triggers": list(self.triggers),
@@ -83,6 +90,14 @@ class StructuralTagGrammar:
             data["answer"] = self.answer
         source = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         return GrammarSpec(GrammarKind.STRUCTURAL_TAG, source, backend, any_whitespace, additional_properties)
+
+
+def _structure(tag: StructuralTag) -> dict[str, Any]:
+    """One `structures` item of the source format."""
+    item: dict[str, Any] = {"begin": tag.begin, "schema": tag.schema, "end": tag.end, "style": tag.style}
+    if tag.fixed_layout:
+        item["fixed_layout"] = True
+    return item
 
 
 def structural_tag_spec(
@@ -110,8 +125,9 @@ def parse_structural_tag(spec: GrammarSpec) -> StructuralTagGrammar:
     """Parse and validate a structural_tag spec; schemas are closed when `additional_properties` is False.
 
     Raises InvalidGrammar (param="structural_tag") on invalid JSON, missing or mistyped fields, an
-    unknown style, an empty trigger, no trigger without `forced`, a `begin` that starts with no
-    trigger, an `answer` without `forced`, or a malformed schema (check_schema_shape).
+    unknown style, a `fixed_layout` that is not a boolean or not on style "json", an empty
+    trigger, no trigger without `forced`, a `begin` that starts with no trigger, an `answer`
+    without `forced`, or a malformed schema (check_schema_shape).
     """
     data = parse_json(spec)
     if not isinstance(data, dict):
@@ -149,9 +165,13 @@ def _parse_structure(i: int, item: Any, triggers: list[str], spec: GrammarSpec) 
         raise InvalidGrammar(f"structures[{i}].style {style!r} is not one of {', '.join(STYLES)}", param=_PARAM)
     if triggers and not any(item["begin"].startswith(t) for t in triggers):
         raise InvalidGrammar(f"structures[{i}].begin {item['begin']!r} starts with no trigger", param=_PARAM)
+    fixed_layout = item.get("fixed_layout", False)
+    if not isinstance(fixed_layout, bool) or (fixed_layout and style != "json"):
+        raise InvalidGrammar(f"structures[{i}].fixed_layout must be a boolean, true only with style \"json\"",
+                             param=_PARAM)
     schema = prepare_schema(item["schema"], spec.additional_properties, _PARAM)
     check_schema_shape(schema, _PARAM, schema_pointer(i))
-    return StructuralTag(item["begin"], schema, item["end"], style)
+    return StructuralTag(item["begin"], schema, item["end"], style, fixed_layout)
 
 
 def schema_pointer(index: int) -> str:

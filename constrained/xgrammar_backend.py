@@ -12,12 +12,13 @@ import torch
 import xgrammar as xgr
 
 from constrained.backend import CompiledGrammar, GrammarBackend, Matcher
+from constrained.bitmask import allowed_token_ids, bitmask_width
 from constrained.errors import InvalidGrammar
 from constrained.schema_keywords import check_keywords
 from constrained.regex_features import find_lookaround
 from constrained.schema_walk import iter_patterns
 from constrained.source import is_ebnf, load_choices, load_schema
-from constrained.spec import MAX_JSON_WHITESPACE, GrammarKind, GrammarSpec
+from constrained.spec import FIXED_LAYOUT_SEPARATORS, MAX_JSON_WHITESPACE, GrammarKind, GrammarSpec
 from constrained.structural_tag import ANSWER_POINTER, StructuralTag, parse_structural_tag, schema_pointer
 from constrained.vocab import VocabInfo
 from constrained.xgrammar_keywords import XGRAMMAR_RULES
@@ -27,6 +28,8 @@ _COMPILE_THREADS = 2
 _LOG_PREFIX = re.compile(r"^\[[\d:.]+\] \S+?:\d+: ")
 _CHECK_FAILED = re.compile(r"Check failed: \(.*?\) is false: ")
 _MAX_MESSAGE_CHARS = 500
+# Most tokens `XGrammarMatcher._forced_tail` adds past xgrammar's own jump-forward tokens.
+_MAX_TAIL_TOKENS = 8
 
 
 def _library_message(exc: Exception) -> str:
@@ -95,6 +98,7 @@ class XGrammarBackend(GrammarBackend):
             self._tokenizer_info, max_threads=_COMPILE_THREADS, cache_enabled=False, enable_dynamic_compilation=True
         )
         self._batch = xgr.BatchGrammarMatcher()
+        self._decoded_vocab: list[bytes] = self._tokenizer_info.decoded_vocab
         self._compilers: dict[GrammarKind, Callable[[GrammarSpec], Any]] = {
             GrammarKind.JSON_SCHEMA: self._compile_json,
             GrammarKind.JSON_OBJECT: self._compile_json,
@@ -118,7 +122,7 @@ class XGrammarBackend(GrammarBackend):
     def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
         """A fresh XGrammarMatcher. Raises ValueError for a grammar of another backend."""
         self._check_compiled(compiled)
-        return XGrammarMatcher(xgr.GrammarMatcher(compiled.artefact), self.vocab_info)
+        return XGrammarMatcher(xgr.GrammarMatcher(compiled.artefact), self.vocab_info, self._decoded_vocab)
 
     def _fill_live(self, matchers: Sequence[tuple[Any, int]], bitmask: torch.Tensor) -> None:
         """Fill the rows of live XGrammarMatchers at once (xgrammar's threaded batch fill, GIL released)."""
@@ -126,7 +130,12 @@ class XGrammarBackend(GrammarBackend):
         self._batch.batch_fill_next_token_bitmask([m.xgr_matcher for m, _ in matchers], bitmask,
                                                   [row for _, row in matchers])
 
-    def _json_options(self, spec: GrammarSpec) -> dict[str, Any]:
+    def _json_options(self, spec: GrammarSpec, fixed_layout: bool = False) -> dict[str, Any]:
+        """xgrammar's JSON-schema options for `spec` (a structural tag's `fixed_layout` content:
+        no free whitespace, FIXED_LAYOUT_SEPARATORS)."""
+        if fixed_layout:
+            return {"any_whitespace": False, "strict_mode": not spec.additional_properties,
+                    "separators": FIXED_LAYOUT_SEPARATORS}
         options: dict[str, Any] = {"any_whitespace": spec.any_whitespace, "strict_mode": not spec.additional_properties}
         if spec.any_whitespace:
             options["max_whitespace_cnt"] = MAX_JSON_WHITESPACE
@@ -148,10 +157,11 @@ class XGrammarBackend(GrammarBackend):
         return self._with_pattern_detail(lambda: self._compiler.compile_json_schema(text, **self._json_options(spec)),
                                          schema, spec, "#")
 
-    def _schema_grammar(self, schema: Any, spec: GrammarSpec, where: str) -> Any:
+    def _schema_grammar(self, schema: Any, spec: GrammarSpec, where: str, fixed_layout: bool) -> Any:
         """`xgr.Grammar` of a checked schema (for structural tags)."""
         text = json.dumps(schema, ensure_ascii=False)
-        return self._with_pattern_detail(lambda: xgr.Grammar.from_json_schema(text, **self._json_options(spec)),
+        options = self._json_options(spec, fixed_layout)
+        return self._with_pattern_detail(lambda: xgr.Grammar.from_json_schema(text, **options),
                                          schema, spec, where)
 
     @staticmethod
@@ -194,17 +204,18 @@ class XGrammarBackend(GrammarBackend):
     def _tag(self, index: int, tag: StructuralTag, spec: GrammarSpec) -> dict[str, Any]:
         content: dict[str, Any]
         if tag.style == "json":
-            content = self._json_content(tag.schema, spec, schema_pointer(index))
+            content = self._json_content(tag.schema, spec, schema_pointer(index), tag.fixed_layout)
         else:
             _check_schema(tag.schema, spec, schema_pointer(index))
             content = {"type": "json_schema", "json_schema": tag.schema, "style": tag.style}
         return {"type": "tag", "begin": tag.begin, "end": tag.end, "content": content}
 
-    def _json_content(self, schema: Any, spec: GrammarSpec, where: str) -> dict[str, Any]:
+    def _json_content(self, schema: Any, spec: GrammarSpec, where: str,
+                      fixed_layout: bool = False) -> dict[str, Any]:
         """A structural-tag format for JSON matching `schema` (at JSON pointer `where` in the source),
-        through EBNF so that any_whitespace / additional_properties hold there too."""
+        through EBNF so that any_whitespace (or `fixed_layout`) and additional_properties hold there too."""
         _check_schema(schema, spec, where)
-        return {"type": "grammar", "grammar": str(self._schema_grammar(schema, spec, where))}
+        return {"type": "grammar", "grammar": str(self._schema_grammar(schema, spec, where, fixed_layout))}
 
 
 class XGrammarMatcher(Matcher):
@@ -212,10 +223,13 @@ class XGrammarMatcher(Matcher):
 
     backend = "xgrammar"
 
-    def __init__(self, matcher: Any, vocab_info: VocabInfo) -> None:
+    def __init__(self, matcher: Any, vocab_info: VocabInfo, decoded_vocab: list[bytes]) -> None:
+        """`decoded_vocab`: each token id's bytes (xgrammar's TokenizerInfo.decoded_vocab)."""
         super().__init__(vocab_info)
         self.xgr_matcher = matcher
         self._vocab_size = vocab_info.vocab_size
+        self._decoded_vocab = decoded_vocab
+        self._scratch: torch.Tensor | None = None   # one bitmask row for _forced_tail
         self._num_tokens = 0
 
     def accept(self, token_ids: Sequence[int]) -> bool:
@@ -249,10 +263,54 @@ class XGrammarMatcher(Matcher):
         return not self.is_terminated() and bool(self.xgr_matcher.is_completed())
 
     def forced_tokens(self) -> list[int]:
-        """Jump-forward token ids (xgrammar's find_jump_forward_tokens); [] when terminated."""
+        """Jump-forward token ids: xgrammar's find_jump_forward_tokens, then the tokens it leaves
+        out at the end of the forced string where the grammar allows nothing else (`_forced_tail`);
+        [] when terminated."""
         if self.is_terminated():
             return []
-        return [int(t) for t in self.xgr_matcher.find_jump_forward_tokens()]
+        tokens = [int(t) for t in self.xgr_matcher.find_jump_forward_tokens()]
+        return tokens + self._forced_tail(tokens)
+
+    def _forced_tail(self, tokens: list[int]) -> list[int]:
+        """The forced tokens after `tokens` that find_jump_forward_tokens leaves out.
+
+        xgrammar drops the forced string's last token whenever it is a strict prefix of a longer
+        vocabulary token, even one the grammar forbids next: ` "` before a tool's name (SmolLM2 has
+        ` ""`) then costs a decode step. While the grammar allows only tokens that are prefixes of
+        the rest of the forced string, every continuation writes that rest, so the longest of them
+        is taken (then xgrammar's jump-forward again), at most _MAX_TAIL_TOKENS. Measures with
+        accept and rollback: the state is unchanged on return.
+        """
+        if not self.accept(tokens):
+            return []
+        tail: list[int] = []
+        try:
+            while len(tail) < _MAX_TAIL_TOKENS:
+                token_id = self._only_prefix_token(self.xgr_matcher.find_jump_forward_string().encode())
+                if token_id is None or not self.accept([token_id]):
+                    break
+                more = [int(t) for t in self.xgr_matcher.find_jump_forward_tokens()]
+                tail.append(token_id)
+                if more and self.accept(more):
+                    tail += more
+        finally:
+            self.rollback(len(tokens) + len(tail))
+        return tail
+
+    def _only_prefix_token(self, rest: bytes) -> int | None:
+        """The longest allowed next token when every allowed next token is a non-empty prefix of
+        `rest` (the forced bytes still to write); None when `rest` is empty or one is not."""
+        if not rest:
+            return None
+        if self._scratch is None:
+            self._scratch = torch.empty((1, bitmask_width(self._vocab_size)), dtype=torch.int32)
+        self.xgr_matcher.fill_next_token_bitmask(self._scratch, 0)
+        allowed = allowed_token_ids(self._scratch, 0, self._vocab_size)
+        vocab = self._decoded_vocab
+        if not allowed or any(t >= len(vocab) or not vocab[t] or not rest.startswith(vocab[t])
+                              for t in allowed):
+            return None
+        return max(allowed, key=lambda t: len(vocab[t]))
 
     def reset(self) -> None:
         """Back to the initial state."""

@@ -18,6 +18,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, RequestOutput
 from engine.request_deadlines import RequestDeadlines
 from engine.stats import EngineStats
+from engine.step_threads import plan_step_threads
 from engine.threads import configure_threads
 from lora.registry import LoraAdapterInfo
 
@@ -79,13 +80,16 @@ class AsyncEngine:
 
         device = _pick_device(config.device)
         dtype = _pick_dtype(config.dtype, device)
-        if device.type == "cpu":   # before the load: it measures the weight formats' crossover
-            configure_threads(config.num_threads)
+        num_threads = configure_threads(config.num_threads) if device.type == "cpu" else None
+        # ^ before the load: it measures the weight formats' crossover
         loaded = load_model(config.model, dtype=dtype, device=device, max_model_len=config.max_model_len,
-                            quantization=config.quantization)
+                            quantization=config.quantization, crossover_rows=config.crossover_rows)
         max_model_len = loaded.max_model_len
+        step_threads = (plan_step_threads(num_threads, explicit=config.num_threads is not None)
+                        if num_threads is not None else None)
         torch.manual_seed(config.seed)
-        engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len)
+        engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len,
+                           step_threads=step_threads)
         engine.warm_up_grammars()
         logger.info("serving %s: dtype=%s, %.1fM parameters, KV cache %d blocks x %d tokens (%d tokens), "
                     "max_model_len %d", loaded.name, str(dtype).removeprefix("torch."), loaded.num_params / 1e6,
@@ -286,6 +290,8 @@ class AsyncEngine:
                     return EngineDeadError(f"the engine stopped after {consecutive_failures} failing steps: {exc}")
         for rid in list(self.engine.requests):
             self.engine.abort_request(rid)
+        if self.engine.step_threads is not None:
+            logger.info("step threads: %s", self.engine.step_threads.describe())
         return None
 
     def _fail_streams(self, error: EngineDeadError) -> None:

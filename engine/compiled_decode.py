@@ -10,46 +10,70 @@ graph fuses the norms, RoPE, SiLU and residual adds into a few C++ loops and rea
 they lie (shared/research/cpu-performance.md, sections 2, 5 and 6).
 
 Shapes: the batch dimension (sequences) and the block-table width are dynamic, and so is the
-number of cache blocks; everything else (hidden size, heads, block size) is static. Dynamo would
-specialise a size of 1 into a graph of its own, so a one-sequence decode is padded with a dummy
-row (slot -1: its K/V land in the scratch block, its logits are dropped) and block tables are at
-least 2 wide: the warm-up compiles exactly one graph (the compile is most of the start-up cost:
-about a minute of CPU for SmolLM2's 30 layers) and then checks that 1 and 3 sequences run
-without compiling. A model whose projections switch weight copies at a row count (int4/int8 up to
-`crossover_rows`, bf16 past it) has one graph per side of each switch: the warm-up compiles them
-all (`warm_up_shapes`). The one-row padding costs next to nothing: a decode's projections and LM
-head stream the weights once whether they multiply 1 row or 2. Serving calls run under
+number of cache blocks; everything else (hidden size, heads, block size) is static. Dynamo
+specialises a size of 1 into a graph of its own, and the one-sequence decode (an agent's loop) gets
+it: padding it to 2 rows cost 24% more per int4 projection and ~1 ms more in the int8 LM head on
+this project's box (the CPU kernels' time grows with the rows even where the bytes do not). Block
+tables are at least 2 wide (MIN_BLOCK_TABLE_WIDTH) so that the width never specialises. A model
+whose projections switch weight copies at a row count (int4/int8 up to `crossover_rows`, bf16
+past it) has one graph per side of each switch, and dynamo guards each graph on torch's thread
+count: the warm-up compiles one graph per (one sequence or more, copy regime, thread count) the
+engine can call with (`warm_up_shapes`; SmolLM2 under the step-thread rule: three) and then
+checks that other batch sizes and widths run without compiling. The compile is most of the
+start-up cost: ~60-100 s of CPU per graph for SmolLM2's 30 layers with a cold on-disk cache,
+~7-14 s of dynamo tracing with a warm one. Serving calls run under
 `torch.compiler.set_stance("fail_on_recompile")`: a call that would need a new graph raises
 `CompiledDecodeUnavailable` instead of stalling a step for tens of seconds, and the caller runs
-that step eagerly. inductor's on-disk cache (torch's default directory, `TORCHINDUCTOR_CACHE_DIR`
-when set) keeps the compiled C++ kernels across restarts; the graph itself is traced and lowered
-again at every start, because inductor's FX graph cache bypasses graphs whose frozen constants
-are oneDNN-packed float32 weights ("mkldnn tensors unpickleable") and AOTAutograd's cache bypasses
-frozen graphs (torch 2.13).
+that step eagerly.
+
+Guards: dynamo checks every call against each graph's guards, and for SmolLM2 most of them are
+on the model's modules (every buffer's tensor metadata, every attribute read, ~6,400 lines per
+graph): 0.82 ms of a 12.3 ms one-sequence step on 1 thread. The model never changes after load
+(crossover rows are set before the warm-up, LoRA rows run eager and leave the modules alone), so
+those guards are dropped (`torch.compiler.skip_guard_on_all_nn_modules_unsafe`): 0.19 ms. What
+tells the graphs apart stays guarded: the inputs' shapes, dtypes and strides, and the thread count.
+
+On-disk caches: the weights are plain graph inputs (no `freezing`; the oneDNN-reordered copies go
+through engine/models/onednn_linear.py's operator), so AOTAutograd's cache and inductor's FX graph
+cache hold the lowered graphs, keyed by the graph and the inputs' shapes, dtypes and strides, not
+by the weights' values. A second start of the same model with the same `cache_dir` (and the same
+crossover regimes: `EngineConfig.crossover_rows` pins them) only traces the model with dynamo and
+loads the rest. `freezing=True` (weights folded into
+the graph as constants) is kept for comparison: those graphs cannot be cached (torch 2.13:
+AOTAutograd refuses frozen graphs, inductor's FX cache refuses oneDNN constants).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
+from torch._dynamo.utils import counters
 
 from engine.attention_metadata import AttentionMetadata
 from engine.errors import EngineError
+from engine.inductor_gil import release_gil_in_cpp_kernels
+from engine.memory_trim import release_free_memory
 
 logger = logging.getLogger(__name__)
 
-MIN_NUM_SEQS = 2            # smaller decodes are padded: a batch of 1 would be a graph of its own
 MIN_BLOCK_TABLE_WIDTH = 2   # narrower block tables would be too
-WARM_UP_SHAPE = (2, 3)      # (sequences, block-table width) compiled at warm-up, then checked:
+WARM_UP_TABLE_WIDTH = 3     # block-table width of the warm-up's compiling calls; then checked:
 CHECK_SHAPES = ((3, 2), (1, 4))
+# (counter group, counter name) of torch's own compile caches -> the name in `cache_stats`
+_CACHE_COUNTERS = {("aot_autograd", "autograd_cache_hit"): "aot_autograd_hits",
+                   ("aot_autograd", "autograd_cache_miss"): "aot_autograd_misses",
+                   ("aot_autograd", "autograd_cache_bypass"): "aot_autograd_bypasses",
+                   ("inductor", "fxgraph_cache_hit"): "fx_graph_hits",
+                   ("inductor", "fxgraph_cache_miss"): "fx_graph_misses",
+                   ("inductor", "fxgraph_cache_bypass"): "fx_graph_bypasses"}
 
 
 class CompiledDecodeUnavailable(EngineError):
@@ -66,21 +90,36 @@ def _decode_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
 class CompiledDecode:
     """A model's decode step compiled once, shared by every engine over that model.
 
-    `model`: a CausalLM in eval mode whose weights no longer change (`freezing` folds them into
-    the graph as constants; call nothing that changes weights afterwards). `warm_up` compiles
-    (blocking; for SmolLM2 about a minute of CPU on a quiet 2-core box, several on a busy one); `start_warm_up` does it
-    on a background thread while the eager path serves. Thread-safe: `ready` is an Event.
-    `freezing=False` cannot lower the oneDNN-packed float32 projections (inductor's
-    `_linear_pointwise` lowering needs constant weights); it is there for weight formats that can.
+    `model`: a CausalLM in eval mode. `warm_up` compiles (blocking; for SmolLM2 minutes of CPU
+    on a 2-core box when the on-disk cache is cold, seconds of tracing when it is warm);
+    `start_warm_up` does it on a background thread while the eager path serves. Thread-safe:
+    `ready` is an Event. `cache_dir`: the folder of inductor's on-disk caches
+    (TORCHINDUCTOR_CACHE_DIR, which this sets for the whole process at warm-up: inductor has no
+    other way to be told); None leaves it as it is (the variable, else torch's default under
+    the temp folder). `freezing=True` folds the weights into the graph as constants (call nothing
+    that changes weights afterwards); such graphs are never served from the on-disk cache.
+    After warm-up, `cache_stats` counts what torch's caches served (see `_CACHE_COUNTERS`).
+    `threads_for(rows)`: torch's intra-op thread count of a decode step of `rows` sequences, as the
+    engine thread will set it (engine/step_threads.py); dynamo guards every graph on the count it
+    was compiled under (inductor's C++ loops fix their OpenMP team size), so the warm-up compiles
+    one graph per (weight-copy regime, thread count) the engine can call with. None: every step
+    runs on the count the warm-up thread has. `shapes`: what the warm-up compiles
+    (`warm_up_shapes`), fixed at construction.
     """
 
-    def __init__(self, model: Any, freezing: bool = True) -> None:
+    def __init__(self, model: Any, freezing: bool = False, cache_dir: str | None = None,
+                 threads_for: Callable[[int], int] | None = None) -> None:
         self.model = model
+        self.threads_for = threads_for
+        self.shapes = warm_up_shapes(model, threads_for)
         self.freezing = freezing
-        self._compiled = torch.compile(_decode_logits, dynamic=False)
+        self.cache_dir = cache_dir
+        self.cache_stats: dict[str, int] = {}
+        self.graph_seconds: list[float] = []      # warm-up seconds per shape of warm_up_shapes
+        self._compiled = torch.compile(_decode_logits, dynamic=False,
+                                       options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self._ready = threading.Event()
         self._finished = threading.Event()        # warm-up ended, ready or failed
-        self._marked_caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.error: BaseException | None = None   # why warm-up failed, once it has
         self.compile_seconds: float | None = None
 
@@ -95,7 +134,10 @@ class CompiledDecode:
         return self.ready
 
     def start_warm_up(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], scratch_block: int) -> threading.Thread:
-        """Run `warm_up` on a daemon thread and return it; failures are logged, not raised."""
+        """Run `warm_up` on a daemon thread and return it (logging COMPILE_STARTED first); failures
+        are logged, not raised."""
+        logger.info("%s (graphs for (batch sizes from, threads) %s); eager steps serve meanwhile", COMPILE_STARTED,
+                    self._graph_keys())
         thread = threading.Thread(target=self._warm_up_logged, args=(kv_caches, scratch_block),
                                   name="structserve-compile", daemon=True)
         thread.start()
@@ -116,30 +158,56 @@ class CompiledDecode:
         run without compiling. Sets `ready`; raises what compiling raised (and records it in
         `error`)."""
         start = time.perf_counter()
+        if self.cache_dir is not None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.cache_dir
+        release_gil_in_cpp_kernels()
+        counted = _cache_counts()
         try:
             # freezing must be on while dynamo traces (it then installs the weights as graph constants,
             # guarded by identity), not only in inductor; duck shaping would give equal-sized dynamic
             # dims one symbol and guard on their equality
-            with (torch.inference_mode(), inductor_config.patch(freezing=self.freezing),
+            # size_asserts off: the wrapper would check every input's size and stride on each call
+            # (~600 checks, 0.5 ms of a one-sequence step); the guards check the step's inputs and
+            # the weights never change
+            with (torch.inference_mode(), inductor_config.patch(freezing=self.freezing, size_asserts=False),
                   fx_config.patch(use_duck_shape=False)):
-                for shape in warm_up_shapes(self.model):
-                    self._call(*_dummy_decode(*shape, scratch_block, kv_caches), allow_compile=True)
+                for rows, width in self.shapes:
+                    shape_start = time.perf_counter()
+                    self._set_threads(rows)
+                    self._call(*_dummy_decode(rows, width, scratch_block, kv_caches), allow_compile=True)
+                    self.graph_seconds.append(time.perf_counter() - shape_start)
             self._ready.set()
             with torch.inference_mode():
-                for shape in check_shapes(self.model):
-                    self.run(*_dummy_decode(*shape, scratch_block, kv_caches))
+                for rows, width in check_shapes(self.model):
+                    self._set_threads(rows)
+                    self.run(*_dummy_decode(rows, width, scratch_block, kv_caches))
         except BaseException as error:
             self._ready.clear()
             self.error = error
             self._finished.set()
             raise
         self.compile_seconds = time.perf_counter() - start
+        self.cache_stats = {name: count - counted[name] for name, count in _cache_counts().items()}
+        release_free_memory()    # the compiler's temporaries: tens of MB that glibc would keep resident
         self._finished.set()
         from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-        logger.info("compiled decode step ready in %.1f s (graphs for batch sizes from %s, freezing=%s, "
-                    "inductor cache %s)", self.compile_seconds, [n for n, _ in warm_up_shapes(self.model)],
-                    self.freezing, cache_dir())
+        hits, misses = self.cache_stats["fx_graph_hits"], self.cache_stats["fx_graph_misses"]
+        logger.info("compiled decode step ready in %.1f s (graphs for (batch sizes from, threads) %s, freezing=%s); "
+                    "on-disk cache %s: %s (%d of %d graphs loaded; %s)", self.compile_seconds,
+                    self._graph_keys(), self.freezing, cache_dir(),
+                    "hit" if hits and not misses else "miss", hits, hits + misses + self.cache_stats["fx_graph_bypasses"],
+                    ", ".join(f"{k} {v}" for k, v in self.cache_stats.items()))
+
+    def _graph_keys(self) -> list[tuple[int, int]]:
+        """(smallest batch size, threads) of each graph, for the log."""
+        return [(n, self.threads_for(n) if self.threads_for is not None else torch.get_num_threads())
+                for n, _ in self.shapes]
+
+    def _set_threads(self, rows: int) -> None:
+        """Give this (the warm-up) thread the count the engine thread will run `rows` sequences on."""
+        if self.threads_for is not None and torch.get_num_threads() != self.threads_for(rows):
+            torch.set_num_threads(self.threads_for(rows))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
@@ -154,25 +222,14 @@ class CompiledDecode:
         """
         if not self._ready.is_set():
             raise CompiledDecodeUnavailable("the compiled decode step is not ready")
-        num_seqs = input_ids.shape[0]
-        if num_seqs < MIN_NUM_SEQS:
-            input_ids, positions, meta = _pad_batch(input_ids, positions, meta, MIN_NUM_SEQS - num_seqs)
-        logits = self._call(input_ids, positions, kv_caches, meta, allow_compile=False)
-        return logits[:num_seqs] if num_seqs < MIN_NUM_SEQS else logits
+        return self._call(input_ids, positions, kv_caches, meta, allow_compile=False)
 
     def _call(self, input_ids: torch.Tensor, positions: torch.Tensor,
               kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
               allow_compile: bool) -> torch.Tensor:
         assert meta.decode_only and meta.block_tables.shape[1] >= MIN_BLOCK_TABLE_WIDTH
-        if kv_caches is not self._marked_caches:
-            for k_cache, v_cache in kv_caches:     # any cache size: the engines of a test run share graphs
-                torch._dynamo.maybe_mark_dynamic(k_cache, 0)
-                torch._dynamo.maybe_mark_dynamic(v_cache, 0)
-            self._marked_caches = kv_caches
-        for tensor in (input_ids, positions, meta.slot_mapping, meta.seq_lens, meta.block_tables):
-            torch._dynamo.maybe_mark_dynamic(tensor, 0)
-        torch._dynamo.maybe_mark_dynamic(meta.block_tables, 1)
         if allow_compile:
+            _mark_dynamic(input_ids, positions, kv_caches, meta)
             return self._compiled(self.model, input_ids, positions, kv_caches, meta)
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
@@ -183,9 +240,31 @@ class CompiledDecode:
             raise CompiledDecodeUnavailable(f"the compiled decode step would recompile: {error}") from error
 
 
+COMPILE_STARTED = "compiling the decode step in the background"
+"""Start of the log line `start_warm_up` writes (benchmarks/server_process.py waits on it)."""
+
 COMPILE_NICE = 19
 """Niceness of the background compile thread (and of the C++ compilers it starts, which inherit it):
 while it compiles, the engine and API threads serve eagerly on the same cores and should win them."""
+
+
+def _mark_dynamic(input_ids: torch.Tensor, positions: torch.Tensor,
+                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> None:
+    """Mark the dims that vary between decode steps dynamic on a call about to compile: sequences
+    (dim 0 of the per-sequence tensors), the block-table width, and the caches' block count (so
+    that engines with other cache sizes share the graphs). Only compiling calls need it: a
+    compiled graph's guards accept any size of a dim it was compiled dynamic for."""
+    for k_cache, v_cache in kv_caches:
+        torch._dynamo.maybe_mark_dynamic(k_cache, 0)
+        torch._dynamo.maybe_mark_dynamic(v_cache, 0)
+    for tensor in (input_ids, positions, meta.slot_mapping, meta.seq_lens, meta.block_tables):
+        torch._dynamo.maybe_mark_dynamic(tensor, 0)
+    torch._dynamo.maybe_mark_dynamic(meta.block_tables, 1)
+
+
+def _cache_counts() -> dict[str, int]:
+    """torch's compile-cache counters now, by their `cache_stats` names (process-wide totals)."""
+    return {name: int(counters[group][counter]) for (group, counter), name in _CACHE_COUNTERS.items()}
 
 
 def _lower_thread_priority() -> None:
@@ -199,40 +278,35 @@ def _lower_thread_priority() -> None:
 
 def _row_crossovers(model: Any) -> list[int]:
     """The distinct row counts at which the model's projections switch weight copies (their
-    `x.shape[0] <= crossover_rows` branch, engine/models/quantized_linear.py), at least
-    MIN_NUM_SEQS: each is a guard that splits the batch sizes between graphs."""
+    `x.shape[0] <= crossover_rows` branch, engine/models/quantized_linear.py), at least 1: each
+    is a guard that splits the batch sizes between graphs."""
     summary = getattr(model, "weight_summary", None)
     rows = summary.crossover_rows.values() if summary is not None else ()
-    return sorted({r for r in rows if r >= MIN_NUM_SEQS})
+    return sorted({r for r in rows if r >= 1})
 
 
-def warm_up_shapes(model: Any) -> list[tuple[int, int]]:
-    """(sequences, block-table width) to compile at warm-up: WARM_UP_SHAPE and, for each weight-copy
-    crossover c of the model, c + 1 sequences, so that every batch size has its graph before serving
-    (one graph per copy regime; one graph in all for a model with a single copy per projection)."""
-    return [WARM_UP_SHAPE, *((c + 1, WARM_UP_SHAPE[1]) for c in _row_crossovers(model))]
+def warm_up_shapes(model: Any, threads_for: Callable[[int], int] | None = None,
+                   max_rows: int = 1024) -> list[tuple[int, int]]:
+    """(sequences as the engine counts them, block-table width) to compile at warm-up: one per
+    distinct graph key (one sequence or more, weight-copy regime, `threads_for` of the rows) over
+    1..`max_rows` sequences, each the smallest row count of its key, so that every batch size has
+    its graph before serving. A model with a single copy per projection on one thread count has
+    two graphs (1 sequence, 2 or more); SmolLM2's int4/bf16 copies under the step-thread rule have
+    three when the crossover and the rule's boundary agree (engine/step_threads.py)."""
+    crossovers = _row_crossovers(model)
+    seen: dict[tuple[bool, int, int | None], int] = {}
+    for rows in range(1, max_rows + 1):
+        key = (rows == 1, sum(rows > c for c in crossovers), threads_for(rows) if threads_for is not None else None)
+        seen.setdefault(key, rows)
+    return [(rows, WARM_UP_TABLE_WIDTH) for rows in seen.values()]
 
 
 def check_shapes(model: Any) -> list[tuple[int, int]]:
-    """Shapes run after the warm-up, each of which must not compile: CHECK_SHAPES and, per crossover
+    """Shapes run after the warm-up (each on the thread count the engine would give it), none of
+    which may compile: CHECK_SHAPES and, per crossover
     c, c sequences and c + 3 with other block-table widths."""
     extra = [shape for c in _row_crossovers(model) for shape in ((c, 4), (c + 3, 2))]
     return [*CHECK_SHAPES, *extra]
-
-
-def _pad_batch(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-               pad: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """The decode with `pad` dummy sequences appended: token 0 at position 0, slot -1 (written to the
-    scratch slot), one key (read from block 0, harmless), block table all -1. Only the tensors the
-    compiled graph reads are padded."""
-    tables = meta.block_tables
-    padded = dataclasses.replace(
-        meta,
-        slot_mapping=torch.cat([meta.slot_mapping, meta.slot_mapping.new_full((pad,), -1)]),
-        block_tables=torch.cat([tables, tables.new_full((pad, tables.shape[1]), -1)]),
-        seq_lens=torch.cat([meta.seq_lens, meta.seq_lens.new_ones(pad)]))
-    return (torch.cat([input_ids, input_ids.new_zeros(pad)]), torch.cat([positions, positions.new_zeros(pad)]),
-            padded)
 
 
 def _dummy_decode(num_seqs: int, table_width: int, scratch_block: int,

@@ -27,6 +27,10 @@ class EngineConfig:
         precision (a GGUF's Q4_0/Q4_1 layers as int4, Q8_0 as int8, with a bf16/float32 copy for
         batches past a crossover measured at load; float checkpoints stay float), "none" = dequantized
         to `dtype` (the float32 parity reference), "int8" / "int4" = quantized at load (CPU only).
+    crossover_rows: rows up to which every projection runs its int4/int8 copy (past it, the bf16
+        copy); None = measured at load (engine/models/crossover.py). Pinning it keeps the compiled
+        decode step's graphs, and so its on-disk cache entries, the same from start to start on a
+        machine whose load makes the measurement vary.
     num_threads: torch intra-op threads on CPU; None = every core the process may use (engine/threads.py).
     long_prefill_token_threshold: most prompt tokens one sequence prefills per step (vLLM's flag of
         that name), so a long prompt cannot hold a step, and an abort, for seconds; 0 = no cap,
@@ -39,8 +43,12 @@ class EngineConfig:
     lora: LoRA limits and startup adapters; None = LoRA off (`--enable-lora` not given).
     compile_decode: compile the decode step (engine/compiled_decode.py) on a background thread at
         start-up, CPU only; the eager path serves until it is ready and keeps prefill, mixed and
-        LoRA steps. Off here so that library and test engines stay eager unless asked; the CLI's
-        `--compile` (the default of `structserve serve`) turns it on.
+        LoRA steps. Off here so that library and test engines stay eager unless asked; the server
+        turns it on (`serve --compile`, its default).
+    compile_cache_dir: folder of inductor's on-disk caches for the compiled decode step (set
+        process-wide as TORCHINDUCTOR_CACHE_DIR when it compiles); a later start of the same model
+        with the same folder loads the compiled graphs instead of compiling them. None leaves
+        inductor's own choice (the variable if set, else a folder under the temp directory).
     """
 
     model: str | None = None
@@ -57,12 +65,14 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     num_threads: int | None = None
+    crossover_rows: int | None = None
     chat_template: str | None = None
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     request_timeout_s: float | None = None
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
     lora: LoraConfig | None = None
     compile_decode: bool = False
+    compile_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -78,6 +88,8 @@ class EngineConfig:
             raise InvalidSamplingParams("request_timeout_s must be > 0 (None: no limit)", param="request_timeout_s")
         if self.quantization not in ("auto", "none", "int8", "int4"):
             raise InvalidSamplingParams("quantization must be auto, none, int8 or int4", param="quantization")
+        if self.crossover_rows is not None and self.crossover_rows < 0:
+            raise InvalidSamplingParams("crossover_rows must be >= 0", param="crossover_rows")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidSamplingParams("num_threads must be >= 1", param="num_threads")
         if self.kv_cache_memory_bytes <= 0:

@@ -89,21 +89,26 @@ class IncrementalDetokenizer:
                 self.read_offset = len(self.token_ids)
         return self._release(final=False)
 
-    def flush(self) -> str:
-        """Release everything still held back (the sequence ended without a stop string),
-        including a trailing incomplete character as U+FFFD."""
+    def flush(self) -> tuple[str, str | None]:
+        """Release everything still held back (the sequence ended without a stop string so far),
+        including a trailing incomplete character as U+FFFD; returns (text delta, matched stop
+        string or None) as `add_tokens` does.
+
+        The U+FFFD decoded here is text the client gets, so a stop string it completes (one ending
+        in U+FFFD) matches like any other: the delta ends where it starts and the caller ends the
+        sequence as stopped by it.
+        """
         if self.stream is not None:
             if self.stream_start < len(self.token_ids):
                 self.text += self._decode(self.token_ids[self.stream_start:])
                 self.stream_start = len(self.token_ids)
-            return self._release(final=True)[0]
+            return self._release(final=True)
         tail = self._decode(self.token_ids[self.prefix_offset:])
         prefix_text = self._decode(self.token_ids[self.prefix_offset:self.read_offset])
         if len(tail) > len(prefix_text):
             self.text += tail[len(prefix_text):]
             self.prefix_offset = self.read_offset = len(self.token_ids)
-        delta, _ = self._release(final=True)
-        return delta
+        return self._release(final=True)
 
     def _stop_allowed_at(self, pos: int) -> bool:
         """Whether a stop string may start at character `pos` of `text` (an even number of gates

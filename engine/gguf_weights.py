@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from engine.errors import ModelLoadError
 from engine.gguf_blocks import BLOCK_TYPES, unpack_blocks
+from engine.gguf_header import GgufFile, read_gguf
 from engine.models.quantized_tensor import SourceWeight
 
 # GGUF `general.architecture` -> Hugging Face architecture name.
@@ -50,11 +51,11 @@ _BLOCK_NAMES = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def open_gguf(path: str) -> gguf.GGUFReader:
-    """Memory-map a GGUF file and check every tensor type is one we can dequantize.
-    Raises ModelLoadError when the file cannot be parsed or holds an unsupported tensor type."""
+def open_gguf(path: str) -> GgufFile:
+    """Memory-map a GGUF file (`engine/gguf_header.py`) and check every tensor type is one we can
+    dequantize. Raises ModelLoadError when the file cannot be parsed or holds an unsupported tensor type."""
     try:
-        reader = gguf.GGUFReader(path)
+        reader = read_gguf(path)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
     supported = ", ".join(sorted(t.name for t in SUPPORTED_TENSOR_TYPES))
@@ -67,12 +68,11 @@ def open_gguf(path: str) -> gguf.GGUFReader:
     return reader
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.get_field(key)
-    return default if field is None else field.contents()
+def _field(reader: GgufFile, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
-def gguf_config(reader: gguf.GGUFReader) -> dict[str, Any]:
+def gguf_config(reader: GgufFile) -> dict[str, Any]:
     """A `config.json`-shaped dict (for `ModelArch.from_hf_config`) from the GGUF metadata.
     Raises ModelLoadError for an unsupported architecture or missing metadata."""
     arch = _field(reader, "general.architecture")
@@ -133,7 +133,7 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
-def iter_gguf_weights(reader: gguf.GGUFReader, config: dict[str, Any]) -> Iterator[tuple[str, SourceWeight]]:
+def iter_gguf_weights(reader: GgufFile, config: dict[str, Any]) -> Iterator[tuple[str, SourceWeight]]:
     """Yield `(hf_name, weight)` for every tensor: Q4_0/Q4_1 as Int4Groups and Q8_0 as Int8Groups
     (the file's values, unpacked, engine/gguf_blocks.py), other types dequantized to float32; q/k
     rows restored to the Hugging Face layout for llama-arch files. Shows a tqdm bar over the tensors."""

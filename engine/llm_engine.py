@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from constrained import UnwritableGrammar
 from engine.block_pool import BlockPool
 from engine.compiled_decode import CompiledDecode
 from engine.config import DEFAULT_CPU_LONG_PREFILL_TOKENS, EngineConfig
@@ -23,9 +24,10 @@ from engine.model_runner import ModelRunner
 from engine.output_logprobs import LogprobAligner
 from engine.request import CompletionDelta, EngineRequest, RequestOutput
 from engine.sampler import Sampler
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.sequence import FINISH_REASONS, Sequence, SeqStatus
 from engine.stats import EngineStats
+from engine.step_threads import StepThreads
 from engine.structured_output import StructuredOutputManager
 from engine.token_bytes import TokenBytes
 from lora.errors import LoraAdapterNotFound, LoraNotEnabled
@@ -46,6 +48,7 @@ class RequestState:
     aligners: list[LogprobAligner] | None = None
     pending: dict[int, CompletionDelta] = field(default_factory=dict)
     grammar_future: Future[Any] | None = None
+    prompt_counted: bool = False     # num_prompt_tokens counted (at the first prefill's sample)
     error: Exception | None = None   # set when a choice failed; the whole request then ends with it
 
     @property
@@ -63,11 +66,14 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, model: Any, arch: Any, tokenizer: Any,
                  device: torch.device, dtype: torch.dtype, max_model_len: int,
                  on_grammar_ready: Callable[[], None] | None = None,
-                 compiled_decode: CompiledDecode | None = None) -> None:
+                 compiled_decode: CompiledDecode | None = None, step_threads: StepThreads | None = None) -> None:
         """`compiled_decode`: a compiled decode step of `model` to use as it is (warmed up or warming
         up by its owner; tests share one); without it, `config.compile_decode` builds one and
-        warms it up on a background thread (CPU only)."""
+        warms it up on a background thread (CPU only). `step_threads`: torch's thread count per
+        step by its rows (engine/step_threads.py), set on the thread that calls `step`; None
+        leaves torch's count alone."""
         self.config = config
+        self.step_threads = step_threads
         self.tokenizer = tokenizer
         self.token_bytes = TokenBytes(tokenizer)
         self.arch = arch
@@ -76,7 +82,8 @@ class LLMEngine:
         self.lora = LoraManager(config.lora, model.lora_spec(), dtype, device) if config.lora else None
         start_compile = compiled_decode is None and config.compile_decode and device.type == "cpu"
         if start_compile:
-            compiled_decode = CompiledDecode(model)
+            compiled_decode = CompiledDecode(model, cache_dir=config.compile_cache_dir,
+                                             threads_for=step_threads.threads_for if step_threads else None)
         elif compiled_decode is None and config.compile_decode:
             logger.info("compile_decode: the compiled decode step is built for CPU only; %s runs eager",
                         device.type)
@@ -221,33 +228,57 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one schedule + forward + sample round; returns outputs of requests that advanced."""
-        outputs = self._poll_grammars()
+        """Run one schedule + forward + sample round; returns outputs of requests that advanced
+        (one per request: a grammar-forced prefix appended this step goes out with the prefill's
+        first sampled token, or alone when it already ended the output)."""
+        touched: dict[str, RequestState] = {}
+        outputs = self._poll_grammars(touched)
         sched = self.scheduler.schedule()
         self.last_step_scheduled = bool(sched.scheduled)
-        if not sched.scheduled:
-            return outputs
-        sampling = [item.seq for item in sched.scheduled if item.samples]
-        fill = self.structured.start_fill(sampling)      # runs while the forward runs
-        logits = self.runner.execute(sched)
-        self.scheduler.update_after_step(sched)
-        touched: dict[str, RequestState] = {}
-        if sampling:
-            bitmask = fill.result() if fill is not None else None
-            result = self.sampler.sample(logits, sampling, bitmask)
-            for seq, token_id, logprob in zip(sampling, result.token_ids, result.logprobs):
-                state = self.requests[seq.request_id]
-                if seq.index == 0 and seq.num_output_tokens == 0:
-                    # the prompt counts once its prefill ran (not at add: a grammar may still fail it)
-                    self.num_prompt_tokens += seq.num_prompt_tokens
-                finished = self._append_token(state, seq, token_id, logprob)
-                if not finished and seq.matcher is not None and seq.sampling_params.logprobs is None:
-                    if not self._fast_forward(state, seq) and state.request.close_grammar:
-                        self._close_if_due(state, seq)
-                touched[seq.request_id] = state
-        self.num_generation_tokens += len(sampling)
+        if sched.scheduled:
+            self._run_scheduled(sched, touched)
         return outputs + [self._make_output(state) if state.error is None else self._fail(state)
                           for state in touched.values()]
+
+    def _run_scheduled(self, sched: SchedulerOutput, touched: dict[str, RequestState]) -> None:
+        """Forward `sched`, sample its sampling rows, append and jump-forward; adds each request
+        that advanced to `touched`."""
+        sampling = [item.seq for item in sched.scheduled if item.samples]
+        fill = self.structured.start_fill(sampling)      # runs while the forward runs
+        if self.step_threads is not None:
+            self.step_threads.apply(sum(item.num_scheduled_tokens for item in sched.scheduled))
+        logits = self.runner.execute(sched)
+        self.scheduler.update_after_step(sched)
+        if not sampling:
+            return
+        bitmask = fill.result() if fill is not None else None
+        result = self.sampler.sample(logits, sampling, bitmask)
+        for seq, token_id, logprob in zip(sampling, result.token_ids, result.logprobs):
+            state = self.requests[seq.request_id]
+            if seq.index == 0 and not state.prompt_counted:
+                # the prompt counts once its prefill ran (not at add: a grammar may still fail it)
+                self.num_prompt_tokens += seq.num_prompt_tokens
+                state.prompt_counted = True
+            finished = self._append_token(state, seq, token_id, logprob)
+            if not finished and seq.matcher is not None and seq.sampling_params.logprobs is None:
+                self._jump_forward(state, seq)
+            touched[seq.request_id] = state
+        self.num_generation_tokens += len(sampling)
+
+    def _jump_forward(self, state: RequestState, seq: Sequence) -> None:
+        """Append the grammar's forced tokens, then the closing when max_tokens is near.
+
+        Where tokens are forced, the closing is also checked before them: a forced run (`",
+        "opt_13": ` is 6 tokens in a tool call's fixed layout) can take the budget from above the
+        closing's margin to below its length in one step, and the plan starts with those same
+        forced tokens anyway.
+        """
+        closes = state.request.close_grammar
+        forced = seq.matcher.forced_tokens()
+        if closes and forced and self._close_if_due(state, seq):
+            return
+        if not self._fast_forward(state, seq, forced) and closes:
+            self._close_if_due(state, seq)
 
     def _fail(self, state: RequestState) -> RequestOutput:
         """End every choice of a request one of whose choices failed; the output carries the error."""
@@ -256,8 +287,15 @@ class LLMEngine:
         out.error = state.error
         return out
 
-    def _poll_grammars(self) -> list[RequestOutput]:
-        """Give matchers to requests whose grammar compiled; fail those whose compile failed."""
+    def _poll_grammars(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
+        """Give matchers to requests whose grammar compiled; fail those whose compile failed.
+
+        A sequence whose grammar forces tokens from its very start (`<tool_call>\n{"name": "` of a
+        forced hermes call) gets them appended now, before its first forward, as output tokens
+        (`_fast_forward`): its prefill computes their K/V with the prompt's, and the prefill's
+        sample is already the first free token. Not with logprobs (a forced token has no sampled
+        logprob; the same rule as after a sampled token). Such requests are added to `touched`.
+        """
         outputs: list[RequestOutput] = []
         still: list[RequestState] = []
         for state in self._compiling:
@@ -280,14 +318,18 @@ class LLMEngine:
                 seq.matcher = self.structured.new_matcher(compiled)
                 if seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
                     seq.status = SeqStatus.WAITING
+                if seq.num_output_tokens == 0 and seq.sampling_params.logprobs is None:
+                    num_tokens = seq.num_tokens
+                    self._jump_forward(state, seq)
+                    if seq.num_tokens > num_tokens:
+                        touched[state.request.request_id] = state
         self._compiling = still
         return outputs
 
-    def _fast_forward(self, state: RequestState, seq: Sequence) -> bool:
-        """Append the tokens the grammar forces next without sampling them (jump-forward); their
-        K/V is computed in the next step as a short prefill. Counts them as forced and generation
-        tokens. True when the sequence finished."""
-        forced = seq.matcher.forced_tokens()
+    def _fast_forward(self, state: RequestState, seq: Sequence, forced: list[int]) -> bool:
+        """Append `forced`, the tokens the grammar forces next (`Matcher.forced_tokens`), without
+        sampling them (jump-forward); their K/V is computed in the next step as a short prefill.
+        Counts them as forced and generation tokens. True when the sequence finished."""
         for token_id in forced:
             self.structured.num_forced_tokens += 1
             self.num_generation_tokens += 1
@@ -295,18 +337,19 @@ class LLMEngine:
                 return True
         return False
 
-    def _close_if_due(self, state: RequestState, seq: Sequence) -> None:
+    def _close_if_due(self, state: RequestState, seq: Sequence) -> bool:
         """When the output budget is about to cut a constrained sequence, append its grammar
-        closing and finish it with "length" (see EngineRequest.close_grammar)."""
+        closing and finish it with "length" (see EngineRequest.close_grammar); True when it did."""
         budget = min(seq.sampling_params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
         plan = self.structured.closing_tokens(seq.matcher, budget)
         if plan is None:
-            return
+            return False
         for token_id in plan:
             self.num_generation_tokens += 1
             if self._append_token(state, seq, token_id, None):
-                return
+                return True
         self._finish(state, seq, SeqStatus.FINISHED_LENGTH, flush=True)
+        return True
 
     def _append_token(self, state: RequestState, seq: Sequence, token_id: int, logprob: Any) -> bool:
         """Append one token, advance the matcher, detokenize, check stops; True when finished.
@@ -328,11 +371,7 @@ class LLMEngine:
         status: SeqStatus | None = None
         text, stop_str = "", None
         if seq.matcher is not None and not seq.matcher.accept([token_id]):
-            # The bitmask should make this impossible; never return output the grammar refused.
-            logger.error("request %s: grammar rejected sampled token %d; failing the request", seq.request_id,
-                         token_id)
-            state.error = EngineStepError(f"the grammar rejected sampled token {token_id}; the output would not "
-                                          "match the requested format")
+            state.error = self._refused_token_error(seq, token_id)
             status = SeqStatus.FINISHED_ERROR
         elif token_id in self.eos_token_ids and not params.ignore_eos:
             status = SeqStatus.FINISHED_STOPPED
@@ -354,6 +393,21 @@ class LLMEngine:
             self._finish(state, seq, status, flush=stop_str is None)
         return status is not None
 
+    def _refused_token_error(self, seq: Sequence, token_id: int) -> Exception:
+        """The error of a sequence whose matcher refused its sampled `token_id` (already appended to
+        its token_ids); output the grammar refused is never returned. Either the grammar reached a
+        dead end (`Matcher.is_dead_end`: its bitmask allowed no token, so the sample was arbitrary;
+        the client's format needs text this vocabulary cannot write: UnwritableGrammar, a 400), or
+        the bitmask and the matcher disagree (an engine fault, logged: EngineStepError, a 500)."""
+        if seq.matcher.is_dead_end():
+            written = seq.num_output_tokens - 1
+            return UnwritableGrammar(
+                f"the requested format cannot be continued after {written} output token{'' if written == 1 else 's'}: "
+                "no token of this model's vocabulary can write what it requires next")
+        logger.error("request %s: grammar rejected sampled token %d; failing the request", seq.request_id, token_id)
+        return EngineStepError(f"the grammar rejected sampled token {token_id}; the output would not match the "
+                               "requested format")
+
     @staticmethod
     def _stop_allowed(seq: Sequence) -> bool:
         """Whether a stop string or stop token id may end `seq` at its next token: always without a
@@ -372,11 +426,15 @@ class LLMEngine:
 
     def _finish(self, state: RequestState, seq: Sequence, status: SeqStatus, flush: bool) -> None:
         """End `seq` with `status`; `flush`: release the detokenizer's held-back text last (not
-        after a stop string, which cut the text), and the logprob entries of what was released."""
+        after a stop string, which cut the text), and the logprob entries of what was released.
+        A stop string the flush completes (a trailing incomplete character's U+FFFD) cuts the text
+        there and ends `seq` as stopped by it, whatever `status` said (max_tokens, EOS)."""
         delta = state.pending[seq.index]
         detok = state.detokenizers[seq.index]
         text_before = len(detok.text)
-        tail = detok.flush() if flush else ""
+        tail, stop_str = detok.flush() if flush else ("", None)
+        if stop_str is not None:
+            status, seq.stop_reason = SeqStatus.FINISHED_STOPPED, stop_str
         delta.text += tail
         if state.aligners is not None and delta.logprobs is not None:
             aligner = state.aligners[seq.index]

@@ -17,6 +17,7 @@ from engine.gguf_weights import gguf_config, iter_gguf_weights, open_gguf
 from engine.models import ModelArch, get_model_class
 from engine.models.weight_plan import WeightSummary
 from engine.safetensors_weights import iter_safetensors_weights, read_hf_config
+from engine.memory_trim import release_free_memory
 from engine.tokenizer_loader import load_tokenizer
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ def load_model(
     num_params = model.num_parameters()
     weights = model.weight_summary
     assert weights is not None
+    release_free_memory()    # the unpacked and dequantized temporaries of the load
     logger.info(
         "loaded model %s (%s): dtype=%s, %.1fM parameters, max_model_len=%d, %.1f s",
         name, arch.architecture, str(dtype).removeprefix("torch."), num_params / 1e6, resolved_len,

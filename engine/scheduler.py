@@ -63,6 +63,15 @@ class Scheduler:
     by another running sequence (it waits to reuse it: n choices of one request, many clients
     with one system prompt), is passed over without blocking the others; so is
     one whose LoRA adapter cannot get a slot (`lora`: a RUNNING sequence holds its adapter's slot).
+
+    A step that admits a waiting sequence holds back the running sequences' forced runs (output
+    tokens the grammar appended without sampling, `engine/llm_engine.py`'s jump-forward, whose K/V
+    is computed as a multi-token query) to the next step, so the arrival's first forward carries
+    its own prefill and one-token decodes only: on CPU a step's forward costs about its token
+    count, and a tool call's fixed layout forces a run of ~10 tokens every few steps per sequence
+    (at concurrency 8 these doubled the arrival's first step). A forced run is held at most one
+    step in a row, and is scheduled after all when no waiting sequence is admitted after all.
+    SGLang likewise runs new prefills ahead of running requests' work (prefill-first batches).
     """
 
     def __init__(self, config: SchedulerConfig, block_pool: BlockPool, lora: LoraManager | None = None) -> None:
@@ -72,6 +81,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._in_flight: dict[bytes, Sequence] = {}   # prompt block digest -> running sequence computing it
+        self._held: set[int] = set()      # seq_ids whose forced run the last step held back
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -85,11 +95,34 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Plan one step within max_num_batched_tokens and max_num_seqs; allocates KV slots."""
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
+        held: list[ScheduledSeq] = []
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens,
+                                        held if self._may_admit() else None)
+        num_admitted = 0
+        if not out.preempted:
+            num_running = len(out.scheduled)
+            budget = self._schedule_waiting(out, budget)
+            num_admitted = len(out.scheduled) - num_running
+        if not num_admitted:   # nobody to keep the step light for
+            held = self._schedule_held(out, held)
+        self._held = {item.seq.seq_id for item in held}
+        out.scheduled.sort(key=self._batch_order)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, held: list[ScheduledSeq] | None) -> int:
+        """Schedule running sequences in admission order, preempting the most recently admitted one
+        when blocks run out; with `held` (a list), forced runs not held last step go there instead,
+        with the tokens they would have run (taken from the budget all the same, so holding never
+        changes what the others get). Returns the budget left."""
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
             num_new = self.config.chunk(seq.num_tokens - seq.num_computed_tokens, budget)
+            if held is not None and self._is_forced_run(seq) and seq.seq_id not in self._held:
+                held.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+                idx += 1
+                continue
             while not self.block_pool.allocate_slots(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -100,10 +133,33 @@ class Scheduler:
                 out.scheduled.append(ScheduledSeq(seq, num_new))
                 budget -= num_new
                 idx += 1
-        if not out.preempted:
-            budget = self._schedule_waiting(out, budget)
-        out.scheduled.sort(key=self._batch_order)
-        return out
+        return budget
+
+    def _schedule_held(self, out: SchedulerOutput, held: list[ScheduledSeq]) -> list[ScheduledSeq]:
+        """Schedule the held forced runs after all (no arrival was admitted), without preempting:
+        one whose blocks are not free waits for the next step. Returns those still not scheduled."""
+        left: list[ScheduledSeq] = []
+        for item in held:
+            if item.seq.status is not SeqStatus.RUNNING:      # preempted meanwhile: recomputed later
+                continue
+            if self.block_pool.allocate_slots(item.seq, item.num_scheduled_tokens):
+                out.scheduled.append(item)
+            else:
+                left.append(item)
+        return left
+
+    @staticmethod
+    def _is_forced_run(seq: Sequence) -> bool:
+        """True when `seq`'s prompt is computed and more than one output token awaits its K/V: the
+        grammar's jump-forward appended them (or a preempted sequence recomputes its output)."""
+        return (seq.num_computed_tokens >= seq.num_prompt_tokens
+                and seq.num_tokens - seq.num_computed_tokens > 1)
+
+    def _may_admit(self) -> bool:
+        """Whether this step may admit a waiting sequence (a batch slot is free and one is not
+        waiting for its grammar); only a hint for holding forced runs, `schedule` checks after."""
+        return (len(self.running) < self.config.max_num_seqs
+                and any(seq.status is not SeqStatus.WAITING_FOR_GRAMMAR for seq in self.waiting))
 
     def _batch_order(self, item: ScheduledSeq) -> tuple[bool, int]:
         """Decodes first (paged attention wants them leading), then by LoRA slot, so each
@@ -133,8 +189,10 @@ class Scheduler:
                 break
             self.waiting.popleft()
             if seq.status is SeqStatus.WAITING:
-                seq.num_cached_tokens = num_cached_tokens
-                self.block_pool.record_prefix_query(seq.num_tokens, num_cached_tokens)
+                # prompt tokens only: a grammar-forced prefix appended before the first forward
+                # (engine/llm_engine.py) is output, although its blocks may hit the cache too
+                seq.num_cached_tokens = min(num_cached_tokens, seq.num_prompt_tokens)
+                self.block_pool.record_prefix_query(seq.num_prompt_tokens, seq.num_cached_tokens)
             seq.num_computed_tokens += num_cached_tokens
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -156,8 +214,9 @@ class Scheduler:
         owner = self._in_flight.get(block_hash)
         if owner is None or owner is seq:
             return False
-        if (owner.status is SeqStatus.RUNNING and num_hit_blocks < len(owner.block_hashes)
-                and owner.block_hashes[num_hit_blocks] == block_hash
+        # block hashes chain their parents, so the owner's claimed block sits at the same index; its
+        # own `block_hashes` may not reach it (cache_full_blocks keeps only its computed blocks')
+        if (owner.status is SeqStatus.RUNNING
                 and owner.num_computed_tokens < (num_hit_blocks + 1) * self.block_pool.block_size):
             return True
         del self._in_flight[block_hash]          # stale: finished, preempted or already computed

@@ -34,8 +34,11 @@ CLOSING_WINDOW_TOKENS = 32
 """A sequence that closes its grammar plans a closing from this many tokens before its budget on."""
 
 CLOSING_MARGIN_TOKENS = 2
-"""The closing is appended once the budget left is at most the plan's length plus this margin: a
-sampled token may lengthen the plan (a new key, a nested object) before the next step plans again."""
+"""The least slack of a closing: it is appended once the budget left is at most the plan's length
+plus the larger of this margin and the plan's length. One sampled token can lengthen the plan by
+about its own length (a `, ` opens one more member: a key and its value, `, "opt_22": 0` after
+`}}\n</tool_call>`'s 7 tokens), so a fixed margin of 2 let the budget fall below the plan between
+two steps and max_tokens cut the call (case 043 in the fixed layout of tool calls)."""
 
 
 class StructuredOutputManager:
@@ -96,6 +99,8 @@ class StructuredOutputManager:
         """Tokens to append now so that `matcher`'s grammar ends within `budget` more output tokens
         (max_tokens or the context, whichever is nearer); None while that is not yet due, when the
         grammar already accepts, or when no closing fits (then max_tokens cuts the output as usual).
+        At an accepting state where nothing else could still close in time (another forced call),
+        an EOS id: the output ends there instead of being cut inside a call (`GrammarCloser.must_end`).
 
         Engine thread only. Counts each closing returned in `num_closed_outputs`.
         """
@@ -105,8 +110,12 @@ class StructuredOutputManager:
         assert self._closer is not None
         if self._closer.exception() is not None:   # logged once below; the output is cut as usual
             return None
-        plan = self._closer.result().plan(matcher, limit=budget)
-        if not plan or len(plan) + CLOSING_MARGIN_TOKENS < budget:
+        closer = self._closer.result()
+        plan = closer.plan(matcher, limit=budget)
+        if plan == [] and closer.must_end(matcher, budget):
+            self.num_closed_outputs += 1
+            return [self.vocab_info.eos_token_ids[0]]
+        if not plan or len(plan) + max(CLOSING_MARGIN_TOKENS, len(plan)) < budget:
             return None
         self.num_closed_outputs += 1
         return plan

@@ -186,6 +186,10 @@ class ToolParser(ABC):
 
     An instance is the streaming state of one response: create one per choice. `tools` (optional)
     lets a parser convert argument values by the parameter schemas (qwen3_coder); the others ignore it.
+    `constrained`: a grammar constrains every call of this output (tool_choice required / named, or
+    "auto" with constrained auto tools, from the trigger on), so a JSON call's name is decided once
+    its string closes and hermes / llama3_json send the header then, before the arguments begin;
+    never in parse-only mode, where a name is only trusted once the arguments have begun.
     `call_format`: how the format writes one call (begin / end / trigger, SGLang's StructureInfo).
     """
 
@@ -194,8 +198,9 @@ class ToolParser(ABC):
     # Characters dropped from the content right after a call (llama3_json adds ";").
     strip_after_call: ClassVar[str] = string.whitespace
 
-    def __init__(self, tools: list[ToolSpec] | None = None) -> None:
+    def __init__(self, tools: list[ToolSpec] | None = None, constrained: bool = False) -> None:
         self.tools = list(tools or [])
+        self.constrained = constrained
         self._buffer = ""
         self._emitter = _ContentEmitter(self.strip_after_call)
         self._num_calls = 0
@@ -268,9 +273,9 @@ class ToolParser(ABC):
         """Parse a whole output into content and tool calls; never raises on malformed calls.
 
         `cut`: the output was cut short (max_tokens), see `finish`. Uses a fresh state
-        (`type(self)(self.tools)`), so it does not touch this instance's stream.
+        (`type(self)(self.tools, self.constrained)`), so it does not touch this instance's stream.
         """
-        state = type(self)(self.tools)
+        state = type(self)(self.tools, self.constrained)
         result = state.feed(text)
         result.extend(state.finish(cut))
         return result

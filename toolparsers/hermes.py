@@ -8,8 +8,9 @@ Format (one block per call, several in a row, text before and after allowed):
 
 Follows vLLM's `hermes` parser; "parameters" is accepted for "arguments", `</tool_call>` inside JSON
 strings does not end a block, and a final block without `</tool_call>` is accepted when its JSON is
-complete. Streaming: once a block has written `{"name": "NAME", "arguments": {`, the call's header
-goes out and its arguments stream as the model writes them (toolparsers/base.py).
+complete. Streaming: once a block has written `{"name": "NAME", "arguments": {` (under a grammar,
+`constrained`: once `{"name": "NAME"` is written), the call's header goes out and its arguments
+stream as the model writes them (toolparsers/base.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from toolparsers.base import OpenCall, Segment, ToolParser
 from toolparsers.call_format import NAME_JSON, CallFormat
 from toolparsers.scanning import (
     call_from_members,
+    cut_decided_call,
     header_call_segments,
     json_block_end,
     json_call_header,
@@ -42,19 +44,25 @@ class HermesParser(ToolParser):
         def find_end(text: str, pos: int) -> int | None:
             return json_block_end(text, pos, END, self._memo)
 
-        return scan_tagged(text, final, START, END, _parse_block, find_end)
+        def parse_block(inner: str) -> list[Segment] | None:
+            return _parse_block(inner, self.constrained)
+
+        return scan_tagged(text, final, START, END, parse_block, find_end)
 
     def _open_calls(self, text: str) -> list[OpenCall]:
         if not text.startswith(START):
             return []
-        opened = open_json_call(text, skip_ws(text, len(START)), lambda start: self._json_prefix(text, start))
+        opened = open_json_call(text, skip_ws(text, len(START)), lambda start: self._json_prefix(text, start),
+                                self.constrained)
         return [OpenCall(opened[0], opened[1])] if opened is not None else []
 
 
-def _parse_block(inner: str) -> list[Segment] | None:
+def _parse_block(inner: str, constrained: bool) -> list[Segment] | None:
     first = skip_ws(inner, 0)
     header = json_call_header(inner, first)
     if header is not None:
         return header_call_segments(inner, first, len(inner), header)
     call = call_from_members(json_members(inner), ("arguments", "parameters"))
+    if call is None and constrained:   # an unclosed block cut after its name (its header streamed)
+        call = cut_decided_call(inner, first, len(inner))
     return [call] if call is not None else None

@@ -7,8 +7,8 @@ Format (vLLM `llama3_json`; several calls separated by ";", text before and afte
 A call is a JSON object whose first key is "name" (or "type", as Llama 3.2 sometimes writes
 `{"type": "function", "name": ...}`) with a string name and an object "parameters" (or "arguments").
 Other JSON objects stay content. `<|python_tag|>` is dropped from the content; ";" after a call is a
-separator and dropped too. Streaming: once an object has written `{"name": "NAME", "parameters": {`,
-the call's header goes out and its arguments stream as the model writes them (toolparsers/base.py).
+separator and dropped too. Streaming: once an object has written `{"name": "NAME", "parameters": {`
+(under a grammar, `constrained`: once `{"name": "NAME"` is written), the call's header goes out and its arguments stream as the model writes them (toolparsers/base.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from toolparsers.brackets import find_closing
 from toolparsers.call_format import NAME_JSON, CallFormat
 from toolparsers.scanning import (
     call_from_members,
+    cut_decided_call,
     header_call_segments,
     json_call_header,
     json_members,
@@ -67,8 +68,11 @@ class Llama3JsonParser(ToolParser):
             if header is not None:
                 segments.extend(header_call_segments(text, start, stop, header))
             else:
-                call = call_from_members(json_members(text[start:stop]), ("parameters", "arguments"))
-                segments.append(call if call is not None and end >= 0 else Text(text[start:stop]))
+                call = call_from_members(json_members(text[start:stop]), ("parameters", "arguments")) \
+                    if end >= 0 else None
+                if end < 0 and self.constrained:   # cut after its name (its header streamed)
+                    call = cut_decided_call(text, start, stop)
+                segments.append(call if call is not None else Text(text[start:stop]))
             if end < 0:
                 return segments, len(text)
             pos = end
@@ -76,7 +80,7 @@ class Llama3JsonParser(ToolParser):
     def _open_calls(self, text: str) -> list[OpenCall]:
         if not text.startswith("{"):
             return []
-        opened = open_json_call(text, 0, lambda start: self._json_prefix(text, start))
+        opened = open_json_call(text, 0, lambda start: self._json_prefix(text, start), self.constrained)
         return [OpenCall(opened[0], opened[1])] if opened is not None else []
 
 

@@ -96,7 +96,8 @@ class MistralParser(ToolParser):
         self, tools: list[ToolSpec], tool_choice: ToolChoice, parallel_tool_calls: bool = True
     ) -> StructuralTagGrammar | None:
         """Structural tag with one structure: begin `[TOOL_CALLS]`, a JSON array (1 item when not
-        parallel or named) of `{"name": <enum of one tool>, "arguments": <its schema>}`, end "".
+        parallel or named) of `{"name": <enum of one tool>, "arguments": <its schema>}`, end "",
+        in the fixed layout (`[{"name": "NAME", "arguments": {...}}]`, no free whitespace).
         Forced: that one list; auto: free text with lists wherever `[TOOL_CALLS]` appears."""
         allowed, forced = resolve_tool_choice(tools, tool_choice)
         if not allowed:
@@ -111,8 +112,8 @@ class MistralParser(ToolParser):
         if single:
             array["maxItems"] = 1
         # A forced output is one list, however many calls it holds.
-        return tool_calls_grammar([StructuralTag(MARKER, array, "")], MARKER, "", forced=forced,
-                                  single=forced or single)
+        tag = StructuralTag(MARKER, array, "", fixed_layout=True)
+        return tool_calls_grammar([tag], MARKER, "", forced=forced, single=forced or single)
 
 
 def _item_schema(tool: ToolSpec) -> dict[str, Any]:

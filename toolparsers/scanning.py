@@ -23,6 +23,13 @@ _JSON_CALL_HEADER = re.compile(
     r'"(?:arguments|parameters)"[ \t\n\r]*:[ \t\n\r]*(?=\{)'
 )
 
+# `{"name": "NAME"` exactly as the call grammars write it (the llama3_json trigger; hermes after
+# `<tool_call>\n`): a call object whose name string is closed. Under a grammar that constrains the
+# call, the name is then decided (it can only be one of the request's tools), before the arguments;
+# other spellings (`{ "name"`, `"type": "function"` first) are not what the grammar writes, so in
+# "auto" they may be free text and are not read early.
+_JSON_CALL_NAME = re.compile(r'\{"name": ("(?:[^"\\\x00-\x1f]|\\.)*")')
+
 
 def skip_ws(text: str, pos: int) -> int:
     """Index of the first character at or after `pos` that is not JSON whitespace (`len(text)` if none)."""
@@ -134,7 +141,13 @@ def json_call_header(text: str, pos: int) -> tuple[str, int] | None:
     """For a call object at `text[pos]` that starts `{"name": "NAME", "arguments": {` ("parameters"
     also, `"type": "function"` first also): (the stripped NAME, index of the arguments' "{"); None
     when it does not (yet) start so, or the name is empty or not a valid JSON string."""
-    match = _JSON_CALL_HEADER.match(text, pos)
+    return _named_match(_JSON_CALL_HEADER, text, pos)
+
+
+def _named_match(pattern: re.Pattern[str], text: str, pos: int) -> tuple[str, int] | None:
+    """(the stripped JSON string of `pattern`'s group 1, end of the match) where `pattern` matches
+    at `text[pos]`; None without a match, or when the name is empty or not a valid JSON string."""
+    match = pattern.match(text, pos)
     if match is None:
         return None
     try:
@@ -142,6 +155,22 @@ def json_call_header(text: str, pos: int) -> tuple[str, int] | None:
     except ValueError:
         return None
     return (name, match.end()) if name else None
+
+
+def decided_call_name(text: str, pos: int) -> tuple[str, int] | None:
+    """For a call object at `text[pos]` written `{"name": "NAME"` with its name string closed: (the
+    stripped NAME, index past the name string); None otherwise. Only a grammar-constrained call may
+    be read so early (its name can then be nothing else)."""
+    return _named_match(_JSON_CALL_NAME, text, pos)
+
+
+def cut_decided_call(text: str, pos: int, stop: int) -> Call | None:
+    """A constrained call at `text[pos]` that the output ended inside, after its name and before its
+    arguments began (its header may have streamed, `open_json_call` with `name_decides`): the
+    call, its arguments the model's text after the name verbatim, `complete` False; None when its
+    name is not closed either."""
+    named = decided_call_name(text[:stop], pos)
+    return Call(named[0], text[named[1]:stop], complete=False) if named is not None else None
 
 
 def header_call_segments(text: str, pos: int, stop: int, header: tuple[str, int]) -> list[Segment]:
@@ -169,14 +198,18 @@ def header_call_segments(text: str, pos: int, stop: int, header: tuple[str, int]
 
 
 def open_json_call(
-    text: str, pos: int, reader_at: Callable[[int], JsonObjectPrefix]
+    text: str, pos: int, reader_at: Callable[[int], JsonObjectPrefix], name_decides: bool = False
 ) -> OpenCallPrefix | None:
     """The streamable part of a JSON call starting at `text[pos]`: (name, arguments prefix, closed)
     once its header is written (`json_call_header`), else None. `reader_at(start)` gives the
-    resumable JSON reader of the arguments at `start`, advanced over `text`."""
+    resumable JSON reader of the arguments at `start`, advanced over `text`.
+
+    `name_decides` (a grammar constrains the call): the call opens as soon as its name string
+    closes (`decided_call_name`), with an empty arguments prefix until the arguments begin."""
     header = json_call_header(text, pos)
     if header is None:
-        return None
+        named = decided_call_name(text, pos) if name_decides else None
+        return (named[0], "", -1) if named is not None else None
     name, args_start = header
     reader = reader_at(args_start)
     return name, text[args_start:reader.safe_end], reader.end

@@ -77,6 +77,9 @@ def tool_grammar(
 ) -> StructuralTagGrammar | None:
     """The calls of `tools` under `tool_choice`, one structural tag per callable tool written in
     `call_format`: `begin_for(name)`, the arguments (`arguments_schema`, in the format's style), `end`.
+    JSON arguments take the fixed layout (`StructuralTag.fixed_layout`: `{"key": value, ...}`, no
+    free whitespace): after the decided name, the grammar then forces the arguments' `{` and, where
+    the schema fixes it, the first key, so jump-forward writes them in the name's step.
 
     None for "none" and for "auto" without tools. "auto": free text, a call wherever the trigger
     appears; "required": at least one call; named: exactly that tool, once; parallel_tool_calls
@@ -86,6 +89,8 @@ def tool_grammar(
     if not allowed:
         return None
     end, style = call_format.end, call_format.style
-    tags = [StructuralTag(call_format.begin_for(tool.name), arguments_schema(tool), end, style) for tool in allowed]
+    fixed = style == "json"
+    tags = [StructuralTag(call_format.begin_for(tool.name), arguments_schema(tool), end, style, fixed)
+            for tool in allowed]
     return tool_calls_grammar(tags, call_format.trigger, call_format.separator, forced=forced,
                               single=single_call(tool_choice, parallel_tool_calls))

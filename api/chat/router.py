@@ -50,4 +50,5 @@ async def create_chat_completion(request: Request, context: Context) -> Response
         chunks=partial(chat_chunks, meta=meta, options=options, fmt=fmt),
         whole=partial(chat_completion, meta=meta, options=options, fmt=fmt),
         grammar_param=generation.constraints.grammar_param,
+        reads_calls=options.on_tool_calls is not None,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from api.config import ServerConfig
+from api.replicas.replica_choice import DEFAULT_IMBALANCE_THRESHOLD
 from engine import EngineConfig
 
 
@@ -35,7 +36,7 @@ def add_replica_arguments(parser: argparse.ArgumentParser) -> None:
              "adapter, then least loaded; default = Serve's power of two choices (for comparison)",
     )
     parser.add_argument(
-        "--router-imbalance-threshold", type=int, default=4,
+        "--router-imbalance-threshold", type=int, default=DEFAULT_IMBALANCE_THRESHOLD,
         help="ongoing requests by which the preferred replica may exceed the least loaded one before the "
              "least loaded one gets the request",
     )

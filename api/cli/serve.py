@@ -161,10 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-threads", type=int, default=None,
                        help="torch CPU threads (default: every core this process may use)")
     serve.add_argument(
-        "--compile", action=argparse.BooleanOptionalAction, default=False,
+        "--compile", action=argparse.BooleanOptionalAction, default=True,
         help="compile the decode step with torch.compile in the background at start-up (CPU; eager "
-             "serves until it is ready). Off by default: served c=1 measured 3x slower compiled "
-             "than the old eager path this session, cause not found yet (issue 12)",
+             "serves until it is ready; a start with the same model and a warm --compile-cache-dir "
+             "loads it from disk). On by default; --no-compile keeps every step eager",
+    )
+    serve.add_argument(
+        "--crossover-rows", type=int, default=None,
+        help="rows up to which the int4/int8 weight copies serve a step, bf16 past it (default: "
+             "measured at load; pin it so that --compile's cached graphs match from start to start)",
+    )
+    serve.add_argument(
+        "--compile-cache-dir", default=None,
+        help="folder of torch inductor's on-disk compile caches for --compile (default: "
+             "$TORCHINDUCTOR_CACHE_DIR when set, else $XDG_CACHE_HOME/structserve/inductor, "
+             "~/.cache/structserve/inductor without XDG_CACHE_HOME)",
     )
     serve.add_argument(
         "--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
@@ -207,6 +218,18 @@ def read_chat_template(value: str | None) -> str | None:
     return value
 
 
+def compile_cache_dir(flag: str | None, environ: dict[str, str]) -> str:
+    """The folder of inductor's on-disk caches: `flag` (--compile-cache-dir) when given, else
+    TORCHINDUCTOR_CACHE_DIR, else `structserve/inductor` under XDG_CACHE_HOME (~/.cache without
+    it, the XDG base-directory default); absolute, `~` expanded."""
+    if flag:
+        return str(Path(flag).expanduser().resolve())
+    if environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return str(Path(environ["TORCHINDUCTOR_CACHE_DIR"]).expanduser().resolve())
+    base = Path(environ["XDG_CACHE_HOME"]) if environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return str((base / "structserve" / "inductor").expanduser().resolve())
+
+
 def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[EngineConfig, ServerConfig]:
     """EngineConfig and ServerConfig from parsed flags and the environment."""
     chat_template = read_chat_template(args.chat_template)
@@ -226,7 +249,9 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
         num_threads=args.num_threads,
+        crossover_rows=args.crossover_rows,
         compile_decode=args.compile,
+        compile_cache_dir=compile_cache_dir(args.compile_cache_dir, environ) if args.compile else None,
         chat_template=chat_template,
         max_waiting_requests=args.max_waiting_requests,
         request_timeout_s=args.request_timeout or None,

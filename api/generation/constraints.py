@@ -56,10 +56,11 @@ class ToolCalling:
     parser_class: type[ToolParser]
     tools: tuple[ToolSpec, ...]
     forced: bool = False
+    constrained: bool = False   # the grammar constrains the calls: a call's header goes out once its name is decided
 
     def new_parser(self) -> ToolParser:
         """A fresh parser: the streaming state of one choice (or a whole-output parse)."""
-        return self.parser_class(list(self.tools))
+        return self.parser_class(list(self.tools), constrained=self.constrained)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +140,10 @@ def request_constraints(inputs: GenerationInputs, config: ServerConfig) -> Const
     else:
         grammar, close = _tool_grammar(fmt, parser.grammar_for(specs, _parser_choice(choice), parallel),
                                        inputs.grammar_options, choice, config)
+    constrained = grammar is not None and (choice != "auto" or config.constrain_auto_tools)
     return Constraints(
         grammar=grammar,
-        tool_calling=ToolCalling(parser_class, tuple(specs), forced=choice != "auto"),
+        tool_calling=ToolCalling(parser_class, tuple(specs), forced=choice != "auto", constrained=constrained),
         keep_special_tokens=config.tool_call_parser in _PARSERS_KEEPING_SPECIAL_TOKENS,
         close_grammar=close,
     )

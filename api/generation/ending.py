@@ -1,8 +1,9 @@
 """How one choice ended: the single finish_reason decision every endpoint reports.
 
 The engine ends a choice with "stop" (EOS, a stop string, a stop token id, or the grammar ending:
-a terminated grammar allows only EOS) or "length" (max_tokens or the context; with
-`--close-tool-calls` the grammar closing first completes a call the budget would cut, so that
+a terminated grammar allows only EOS; also a stop string completed by the U+FFFD that max_tokens
+flushes for a cut character) or "length" (max_tokens or the context; with `--close-tool-calls`
+the grammar closing first completes a call the budget would cut, in every call format, so that
 call is whole). Stop strings and stop token ids never end a choice inside a grammar-constrained
 call (`engine.LLMEngine._stop_allowed`), so with a grammar a call is open at "stop" only in
 parse-only mode (`--no-constrain-auto-tools`). Aborts, timeouts and engine errors are not
@@ -25,13 +26,16 @@ taken back): chat's stream ends with finish_reason "length" (or "tool_calls" whe
 were whole), Responses closes its item "incomplete" and Messages stops its block, and both leave
 it out of the final object. With "auto" (`parser.finish(cut=False)`) text the model wrote is never
 silently dropped: a call whose header already streamed comes back as that call, its arguments the
-model's text verbatim (not JSON; `ParseResult.cut_call_ids`), and undecided text with no header
-yet (a partial marker) is content; either way the call was left open, so finish_reason is the
+model's text verbatim (not JSON; `ParseResult.cut_call_ids`, `OutputReader.cut_call_ids`: a
+Responses item with status "incomplete"), and undecided text with no header yet (a partial
+marker) is content; either way the call was left open, so finish_reason is the
 engine's ("length", or "stop" for a stop string in parse-only mode), never "tool_calls". Stream
 and whole answers therefore agree, except that a stream shows a dropped forced call partially.
 Each endpoint maps the decision in one table: chat reports it as is, Anthropic's stop_reason is
 tool_use / max_tokens / stop_sequence / end_turn (`api/messages/output.py`), a Responses response
-is "incomplete" (max_output_tokens) exactly when it is "length" (`api/responses/run.py`).
+is "incomplete" (max_output_tokens) exactly when it is "length" (`api/responses/run.py`). The
+request_success metric and the request log count this decision too, not the engine's reason
+(`api/observability/tool_call_metrics.py`).
 """
 
 from __future__ import annotations

@@ -24,14 +24,18 @@ from toolparsers import ToolCall, ToolCallDelta
 
 
 class ToolCallObserver(Protocol):
-    """Sees a choice's tool calls (api/observability/tool_call_metrics.py counts them and times the
-    first delta)."""
+    """Sees a choice's tool calls and how it ended (api/observability/tool_call_metrics.py counts
+    them, times the first delta and counts request_success by the decided finish_reason)."""
 
     def __call__(self, calls: list[ToolCall]) -> None:
         """The calls completed in one read piece of output."""
 
     def first_delta(self) -> None:
         """The choice's first tool-call delta (its first call's header) was read just now."""
+
+    def finished(self, finish_reason: str) -> None:
+        """The choice ended with `finish_reason`, the decision the client gets ("tool_calls",
+        "stop", "length"; `api/generation/ending.py`)."""
 
 
 ReadEvent = str | ToolCallDelta | ToolCall
@@ -69,12 +73,19 @@ class OutputReader:
         self.finish_reason: str | None = None
         self._index_of: dict[str, int] = {}   # call id -> index
         self._open: set[int] = set()          # indices whose header went out, not complete yet
+        self._cut: set[str] = set()           # ids of the calls `finish` returned cut ("auto")
 
     @property
     def open_calls(self) -> set[int]:
         """Indices of calls whose header was read but which are not complete (after `finish(cut)`:
         the calls the cut dropped, although their deltas were read)."""
         return set(self._open)
+
+    @property
+    def cut_call_ids(self) -> set[str]:
+        """Ids of the calls `finish` returned although the output ended inside them ("auto": their
+        header streamed, their arguments are the model's text verbatim); empty before `finish`."""
+        return set(self._cut)
 
     def feed(self, text: str) -> Read:
         """What the next text delta adds."""
@@ -99,11 +110,14 @@ class OutputReader:
             return Read()
         undecided = self._parser.undecided.strip()
         result = self._parser.finish(cut=self._forced)
+        self._cut = set(result.cut_call_ids)
         # left open ("auto" only): text that could still have become a call and is returned as
         # content, or as a call whose arguments never closed
         left_open = not self._forced and bool(undecided) and (not result.tool_calls or bool(result.cut_call_ids))
         read = self._seen(result.content, result.deltas, result.tool_calls)
         self.finish_reason = decide_finish_reason(engine_reason, self.made_calls, left_open)
+        if self._on_calls is not None:
+            self._on_calls.finished(self.finish_reason)
         return read
 
     def read_whole(self, text: str, engine_reason: str) -> Read:

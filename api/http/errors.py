@@ -34,7 +34,7 @@ from api.errors import (
     ServerShuttingDown,
 )
 from api.protocol.common import ErrorInfo, ErrorResponse
-from constrained.errors import GrammarCompileTimeout, GrammarError, InvalidGrammar
+from constrained.errors import GrammarCompileTimeout, GrammarError, InvalidGrammar, UnwritableGrammar
 from engine import (
     ContextLengthExceeded,
     EngineDeadError,
@@ -57,6 +57,7 @@ ERROR_STATUS: dict[type[BaseException], tuple[int, str, str | None]] = {
     NotSupported: (400, "invalid_request_error", "not_supported"),
     InvalidSamplingParams: (400, "invalid_request_error", None),
     ContextLengthExceeded: (400, "invalid_request_error", "context_length_exceeded"),
+    UnwritableGrammar: (400, "invalid_request_error", "unwritable_grammar"),
     InvalidGrammar: (400, "invalid_request_error", "invalid_grammar"),
     GrammarCompileTimeout: (400, "invalid_request_error", "grammar_compile_timeout"),
     ToolParserError: (400, "invalid_request_error", None),

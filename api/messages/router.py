@@ -60,6 +60,7 @@ async def create_message(request: Request, context: Context) -> Response:
         whole=partial(whole_message, builder=builder),
         sse=sse_typed_events,
         grammar_param=generation.constraints.grammar_param,
+        reads_calls=options.on_tool_calls is not None,
     )
 
 

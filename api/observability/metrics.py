@@ -32,8 +32,9 @@ ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
                  40.0, 80.0)
 E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                  480.0, 960.0, 1920.0, 7680.0)
-FINISH_REASONS = ("stop", "length")
-"""Label values of request_success_total present from the start (the engine's reasons but abort)."""
+FINISH_REASONS = ("stop", "length", "tool_calls")
+"""Label values of request_success_total present from the start: the finish_reasons a client gets
+(an abort is not a success)."""
 
 
 class StatsSource(Protocol):
@@ -139,9 +140,12 @@ class ServingMetrics:
         """A choice produced more tokens `seconds` after its previous ones."""
         self._itl.observe(seconds)
 
-    def observe_finished(self, seconds: float, finish_reason: str) -> None:
-        """A choice finished with `finish_reason` ("stop", "length") `seconds` after arrival."""
+    def observe_finished(self, seconds: float) -> None:
+        """A choice finished in the engine `seconds` after arrival (end-to-end latency)."""
         self._e2e.observe(seconds)
+
+    def count_success(self, finish_reason: str) -> None:
+        """A choice ended with `finish_reason`, the one its client got ("stop", "length", "tool_calls")."""
         self._success.labels(self.model_name, finish_reason).inc()
 
     def count_tool_call(self, valid: bool) -> None:

@@ -12,7 +12,7 @@ ride on the LogRecord as `record.request_log` (a dict) for JSON handlers. Fields
 | outcome | ok, error (a 4xx/5xx, or a failure after a stream began) or aborted (client left, cancelled) |
 | prompt_tokens, output_tokens | totals over the request's engine requests and choices |
 | ttft_s, total_s | seconds from the HTTP request to its first token / to the end of the response |
-| finish_reason | the engine's reason of each choice, comma-separated (stop, length; - when none) |
+| finish_reason | each choice's finish_reason as its client got it, comma-separated (- when none) |
 | tool_calls | tool calls parsed from the output |
 | error | exception class of a failure, or - |
 

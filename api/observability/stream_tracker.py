@@ -18,10 +18,13 @@ class StreamTracker:
 
     The request's totals, finish reasons and outcome go into `record` (when given) at `closed`.
     With `hold_record`, the record's log line also waits for `closed` (a background response).
+    With `reads_calls` (a ToolCallCounter sees the request's tool parsing,
+    api/observability/tool_call_metrics.py), the finish reason is the parser's decision, not the
+    engine's: request_success and the record's finish reasons are left to that counter.
     """
 
     def __init__(self, metrics: ServingMetrics | None, record: RequestRecord | None, request: EngineRequest,
-                 hold_record: bool = False) -> None:
+                 hold_record: bool = False, reads_calls: bool = False) -> None:
         self.metrics = metrics
         self.record = record
         self.arrival_time = request.arrival_time or time.monotonic()
@@ -31,6 +34,7 @@ class StreamTracker:
         self._totals = (0, 0)  # (prompt tokens, output tokens) of the latest output
         self._closed = False
         self._held = hold_record and record is not None
+        self._reads_calls = reads_calls
         if record is not None:
             record.adapter = request.lora_name
             record.model = request.lora_name or (metrics.model_name if metrics is not None else None)
@@ -56,7 +60,9 @@ class StreamTracker:
             if reason is not None and reason != "abort":
                 self._finish_reasons[delta.index] = reason
                 if metrics is not None:
-                    metrics.observe_finished(now - self.arrival_time, reason)
+                    metrics.observe_finished(now - self.arrival_time)
+                    if not self._reads_calls:
+                        metrics.count_success(reason)
         self._totals = (out.num_prompt_tokens, out.num_output_tokens)
 
     def failed(self, exc: BaseException) -> None:
@@ -74,13 +80,17 @@ class StreamTracker:
             return
         record.num_prompt_tokens += self._totals[0]
         record.num_output_tokens += self._totals[1]
-        record.finish_reasons.extend(r for r in self._finish_reasons if r is not None)
+        if not self._reads_calls:
+            record.finish_reasons.extend(r for r in self._finish_reasons if r is not None)
         if not finished and record.error is None:
             record.aborted = True
         if self._held:
             record.release()
 
 
-def track(request: Request, engine_request: EngineRequest, hold_record: bool = False) -> StreamTracker:
-    """A StreamTracker for `engine_request`, reporting to the app's metrics and the HTTP request's record."""
-    return StreamTracker(app_metrics(request), request_record(request), engine_request, hold_record)
+def track(request: Request, engine_request: EngineRequest, hold_record: bool = False,
+          reads_calls: bool = False) -> StreamTracker:
+    """A StreamTracker for `engine_request`, reporting to the app's metrics and the HTTP request's
+    record; `reads_calls`: a ToolCallCounter counts its decided finish reasons (StreamTracker)."""
+    record = request_record(request)
+    return StreamTracker(app_metrics(request), record, engine_request, hold_record, reads_calls)

@@ -1,5 +1,7 @@
 """Counting a request's parsed tool calls by validity: tool_calls_total{validity="valid"|"invalid"},
-and timing each choice's first tool-call delta: time_to_first_tool_call_delta_seconds.
+timing each choice's first tool-call delta: time_to_first_tool_call_delta_seconds, and counting each
+choice's ending by the finish_reason the client got: request_success_total (a tool parser's reading
+decides it, `api/generation/ending.py`, so the StreamTracker leaves it to this counter).
 
 A call is valid when it names one of the request's tools and its arguments are a JSON object that
 validates against that tool's parameters schema (jsonschema, the schema's own draft, formats not
@@ -29,8 +31,9 @@ from toolparsers import ToolSpec
 
 class ToolCallCounter:
     """A ToolCallObserver for one request: counts each call in `metrics` and in `record` (when given),
-    and observes each choice's first tool-call delta `time.monotonic() - arrival_time` seconds after
-    the request arrived (EngineRequest.arrival_time).
+    observes each choice's first tool-call delta `time.monotonic() - arrival_time` seconds after
+    the request arrived (EngineRequest.arrival_time), and counts each choice's decided finish_reason
+    in request_success and the record's finish reasons.
 
     Validators are built once per tool, on its first call. Never raises on odd calls or schemas.
     """
@@ -53,6 +56,12 @@ class ToolCallCounter:
     def first_delta(self) -> None:
         """A choice read its first tool-call delta just now (once per choice: the reader calls it)."""
         self.metrics.observe_first_tool_call_delta(time.monotonic() - self.arrival_time)
+
+    def finished(self, finish_reason: str) -> None:
+        """A choice ended with `finish_reason` as decided by its reader ("tool_calls", "stop", "length")."""
+        self.metrics.count_success(finish_reason)
+        if self.record is not None:
+            self.record.finish_reasons.append(finish_reason)
 
     def is_valid(self, call: ParsedCall) -> bool:
         """Whether `call` names a known tool and its arguments validate against the tool's schema."""

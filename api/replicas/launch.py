@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from api.config import ServerConfig
+from api.replicas.replica_choice import DEFAULT_IMBALANCE_THRESHOLD
 from engine import EngineConfig
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class ReplicasConfig:
     num_replicas: int
     ray_address: str | None = None
     router: str = "structserve"
-    imbalance_threshold: int = 4
+    imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD
 
     def __post_init__(self) -> None:
         if self.num_replicas < 2:
@@ -66,11 +67,14 @@ def serve_replicas(engine_config: EngineConfig, server_config: ServerConfig, rep
 
     threads = replica_threads(engine_config, replicas.num_replicas)
     engine_config = dataclasses.replace(engine_config, num_threads=threads)
+    started = time.monotonic()
+    _init_ray(replicas, threads)
+    # after ray.init, which installs its own SIGTERM handlers (a sys.exit, and a C++ crash reporter
+    # that ends the process with SIGABRT): Serve must be shut down from here, or on a joined
+    # cluster the application outlives this process
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    started = time.monotonic()
-    _init_ray(replicas, threads)
     try:
         serve.start(http_options={"host": server_config.host, "port": server_config.port},
                     proxy_location="HeadOnly")
@@ -95,7 +99,9 @@ def _init_ray(replicas: ReplicasConfig, threads: int) -> None:
         ray.init(address=replicas.ray_address, runtime_env=runtime_env)
         return
     num_cpus = max(len(os.sched_getaffinity(0)), replicas.num_replicas * threads)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
+    # "local": a new instance even when `ray start` runs a cluster on this host (ray.init() without
+    # an address would join the one named in RAY_ADDRESS or /tmp/ray/ray_current_cluster)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
              runtime_env=runtime_env)
 
 

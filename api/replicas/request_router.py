@@ -5,25 +5,24 @@ with its `RoutingFacts`) and tries the returned groups in order, each time the r
 shortest queue in the group that accepts the request (Serve's `RequestRouter` contract,
 `ray.serve.request_router`). The policy itself is `replica_choice.order_candidates`; this class
 feeds it each replica's queue length (Serve's queue-length cache), the rank and loaded adapters
-the replica reports through `record_routing_stats` (`deployments.EngineReplica`), and the prompt
-prefixes this router has sent where (`PrefixIndex`, updated in `on_request_routed`).
+the replica reports through `record_routing_stats` (`deployments.EngineReplica`), the requests it
+has placed on each replica and not seen complete (`OngoingRequests`), and the prompt prefixes it
+has sent where (`PrefixIndex`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from api.replicas.forwarded import ForwardedRequest, RoutingFacts
+from api.replicas.ongoing import OngoingRequests
 from api.replicas.prefix_index import PrefixIndex
 from api.replicas.replica_choice import DEFAULT_IMBALANCE_THRESHOLD, CandidateState, order_candidates
 
 logger = logging.getLogger(__name__)
-
-_MAX_UNROUTED = 10_000   # chosen-but-not-yet-routed requests remembered
 
 
 class StructserveRequestRouter(RequestRouter):
@@ -36,7 +35,9 @@ class StructserveRequestRouter(RequestRouter):
     A request counts for its first-choice replica (its prefix recorded there, one more in that
     replica's queue) as soon as it is chosen, not only once Serve reports it routed: Serve answers
     `on_request_routed` after the replica has accepted, and requests chosen meanwhile would
-    otherwise all see the same state and pile onto one replica.
+    otherwise all see the same state and pile onto one replica. A replica's queue is then this
+    router's own count of the requests it placed there and has not seen complete, never that count
+    plus Serve's (which counts the same requests from their send: `ongoing.py`).
     """
 
     def initialize_state(self, imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
@@ -45,7 +46,7 @@ class StructserveRequestRouter(RequestRouter):
         self._imbalance_threshold = imbalance_threshold
         self._prefixes = PrefixIndex(max_prefix_entries)
         self._num_routed: dict[ReplicaID, int] = {}
-        self._chosen: OrderedDict[str, ReplicaID] = OrderedDict()   # internal request id -> first choice, until routed
+        self._ongoing = OngoingRequests()
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -56,7 +57,7 @@ class StructserveRequestRouter(RequestRouter):
         states = [self._state(replica) for replica in candidate_replicas]
         ordered = order_candidates(states, facts, self._prefixes, self._imbalance_threshold)
         if ordered and pending_request is not None and facts.target_rank is None:
-            self._count(pending_request.metadata.internal_request_id, ordered[0].key, facts)   # type: ignore[arg-type]
+            self._count(pending_request, ordered[0].key, facts)   # type: ignore[arg-type]
         return [[by_key[state.key]] for state in ordered]   # type: ignore[index]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
@@ -64,16 +65,13 @@ class StructserveRequestRouter(RequestRouter):
         facts = _facts(pending_request)
         if facts.target_rank is not None:
             return
-        chosen = self._chosen.pop(pending_request.metadata.internal_request_id, None)
-        if chosen != replica_id:
-            if chosen is not None:
-                self._num_routed[chosen] -= 1
-            self._num_routed[replica_id] = self._num_routed.get(replica_id, 0) + 1
-            self._prefixes.record(replica_id, facts.prefix_hashes)
+        moved_from = self._ongoing.routed(pending_request.metadata.internal_request_id, replica_id)
+        if moved_from is not None:
+            self._place(replica_id, moved_from, facts)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        """Serve's hook once a sent request ends (on every path, rejected ones too): drop what is left of it."""
-        self._chosen.pop(internal_request_id, None)
+        """Serve's hook once a sent request ends (on every path, rejected ones too): it leaves the queue."""
+        self._ongoing.completed(internal_request_id)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         """Forget a dead replica's prefixes: its replacement starts with an empty prefix cache."""
@@ -81,27 +79,29 @@ class StructserveRequestRouter(RequestRouter):
         self._prefixes.forget(replica_id)
         self._num_routed.pop(replica_id, None)
 
-    def _count(self, request_id: str, replica_id: ReplicaID, facts: RoutingFacts) -> None:
-        previous = self._chosen.get(request_id)
-        if previous == replica_id:
-            return   # Serve asked again for the same request (its first choice was full)
+    def _count(self, pending_request: PendingRequest, replica_id: ReplicaID, facts: RoutingFacts) -> None:
+        future = pending_request.future
+        previous = self._ongoing.chosen(pending_request.metadata.internal_request_id, replica_id, future.cancelled)
+        if previous != replica_id:   # else Serve asked again for the same request (its first choice was full)
+            self._place(replica_id, previous, facts)
+
+    def _place(self, replica_id: ReplicaID, previous: Any, facts: RoutingFacts) -> None:
+        """Count a request on `replica_id` (off `previous`, where it was counted before, if any) and
+        record its prompt's prefixes there."""
         if previous is not None:
             self._num_routed[previous] -= 1
-        self._chosen[request_id] = replica_id
-        self._chosen.move_to_end(request_id)
-        while len(self._chosen) > _MAX_UNROUTED:   # requests cancelled before Serve routed them
-            self._chosen.popitem(last=False)
         self._num_routed[replica_id] = self._num_routed.get(replica_id, 0) + 1
         self._prefixes.record(replica_id, facts.prefix_hashes)
 
     def _state(self, replica: RunningReplica) -> CandidateState:
         stats = replica.routing_stats or {}
         rank = stats.get("rank")
-        unrouted = sum(1 for chosen in self._chosen.values() if chosen == replica.replica_id)
+        # Serve's cached count covers requests of other handles too (none today: one ingress)
+        cached = self.replica_queue_len_cache.get(replica.replica_id) or 0
         return CandidateState(
             key=replica.replica_id,
             rank=rank if isinstance(rank, int) else None,
-            queue_len=(self.replica_queue_len_cache.get(replica.replica_id) or 0) + unrouted,
+            queue_len=max(cached, self._ongoing.count(replica.replica_id)),
             adapters=frozenset(stats.get("adapters", ())),
             num_routed=self._num_routed.get(replica.replica_id, 0),
         )

@@ -7,7 +7,8 @@ tool call a `function_call` item, opened (response.output_item.added) when the c
 read, its arguments streamed as response.function_call_arguments.delta events as they are
 generated, then .done with the whole string and response.output_item.done. Text written after a
 call opens a new message item. A call cut off by max_output_tokens gets its done events (status
-"incomplete") but is left out of the response's output, as a whole answer leaves it out.
+"incomplete"); a forced one is left out of the response's output, as a whole answer leaves it out,
+an "auto" one stays in it with status "incomplete" (its arguments the model's text verbatim).
 Every item gets its added ... done events, also one that ends with no delta; a response with no
 output at all gets one empty message, so that it always has an item. With logprobs, each
 output_text delta carries the entries of the tokens it completes and the part (and its done event)
@@ -188,7 +189,8 @@ class ResponseOutputBuilder:
             elif isinstance(event, ToolCallDelta):
                 events.extend(self._call_delta(event))
             elif isinstance(self._open, _OpenCall) and self._open.item.call_id == event.id:
-                events.extend(self._close("completed"))   # the call is whole
+                # the call is whole, or ("auto") returned although the output ended inside it
+                events.extend(self._close("incomplete" if event.id in self._reader.cut_call_ids else "completed"))
         return events
 
     def _call_delta(self, delta: ToolCallDelta) -> list[StreamEvent]:

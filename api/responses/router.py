@@ -72,7 +72,8 @@ async def create_response(request: Request, context: Context, responses: Respons
     )
     if body.background:
         # Built now, so the engine refuses it now (400 / 429 / 500): a queued answer could not be taken back.
-        tracker = track(request, generation.engine_request, hold_record=True)
+        tracker = track(request, generation.engine_request, hold_record=True,
+                        reads_calls=run.on_tool_calls is not None)
         stream = EngineStream(context.engine, generation.engine_request, tracker, grammar_param)
         queued = run.snapshot("queued")
         await run.save(queued)
@@ -87,6 +88,7 @@ async def create_response(request: Request, context: Context, responses: Respons
         whole=partial(whole_response, run=run),
         sse=sse_typed_events,
         grammar_param=grammar_param,
+        reads_calls=run.on_tool_calls is not None,
     )
 
 

@@ -31,10 +31,12 @@ async def respond(
     whole: Callable[[Outputs], Awaitable[BaseModel]],
     sse: SseEncoder = sse_data,
     grammar_param: str | None = None,
+    reads_calls: bool = False,
 ) -> Response:
     """Submit `engine_requests` and answer: SSE of `chunks(outputs)` when `stream`, else the JSON of
     `whole(outputs)`. `sse` frames the streamed objects (default: `data:` chunks and [DONE]).
     `grammar_param` names the request field of the requests' grammar in a compile failure.
+    `reads_calls`: a ToolCallCounter counts the requests' decided finish reasons (`track`).
 
     Every request is checked by the engine before any is queued, and the first output is awaited
     before any byte is sent, so engine errors raised before it are ordinary HTTP errors. A client that disconnects (before the first output, during a whole
@@ -46,7 +48,8 @@ async def respond(
     try:
         # Each request is checked by the engine as its stream is built: all before any is queued.
         for r in engine_requests:
-            group.streams.append(EngineStream(context.engine, r, track(request, r), grammar_param))
+            tracker = track(request, r, reads_calls=reads_calls)
+            group.streams.append(EngineStream(context.engine, r, tracker, grammar_param))
         await cancel_on_disconnect(request.receive, group.start(), request_id)
     except BaseException:
         await _close(group)

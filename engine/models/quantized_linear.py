@@ -11,8 +11,9 @@ the int4/int8/bf16 kernels, whose fast paths exist only for bf16 (30-60x slower 
 outputs come back in the model dtype, the bias added there.
 
 For torch.compile: `forward` uses only torch ops and branches only on `x.shape[0]` against the
-constant `crossover_rows`; the oneDNN-reordered copies lower under inductor with
-`torch._inductor.config.freezing = True` (without freezing inductor rejects the opaque tensor).
+constant `crossover_rows`; the oneDNN-reordered copies go through one operator of our own
+(engine/models/onednn_linear.py), so every weight can be a plain graph input (no freezing) and
+the compiled graph can be cached on disk.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.models.int8_row_product import int8_row_product
+from engine.models.onednn_linear import onednn_linear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
 from engine.models.weight_format import WeightFormat
 
@@ -93,6 +96,9 @@ class QuantizedLinear(nn.Module):
             if y.shape[1] != self.out_features:   # rows padded for the packing
                 y = y[:, :self.out_features].contiguous()
         elif self.int8_weight is not None:
+            if type(x.shape[0]) is int and x.shape[0] == 1 and torch.compiler.is_compiling():
+                # the compiled one-sequence graph (its row count is a plain 1): a fused loop
+                return int8_row_product(xb, self.int8_weight, self.int8_scales).to(x.dtype)
             y = torch.ops.aten._weight_int8pack_mm(xb, self.int8_weight, self.int8_scales)
         else:
             raise RuntimeError("this projection holds no int4/int8 copy")
@@ -103,8 +109,7 @@ class QuantizedLinear(nn.Module):
         if self.large is WeightFormat.DENSE:
             return F.linear(x, self.large_weight)
         target = torch.bfloat16 if self.large is WeightFormat.BF16 else torch.float32
-        y = torch.ops.mkldnn._linear_pointwise(x.to(target), self.large_weight, None, "none", [None], "")
-        return y.to(x.dtype)
+        return onednn_linear(x.to(target), self.large_weight, self.out_features).to(x.dtype)
 
     def set_crossover(self, rows: int) -> None:
         """Serve inputs of at most `rows` rows (>= 0) with the small copy; 0 drops the small copy

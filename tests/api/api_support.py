@@ -37,7 +37,8 @@ class FakeTokenizer(ByteTokenizer):
 
 
 class FakeEngine:
-    """Emits `script` (choice i > 0: `script` + " #i") one byte-token per step, cut at stop strings.
+    """Emits `script` (choice i > 0: `script` + " #i") one byte-token per step, cut at stop strings
+    and stop_token_ids (the stop token is generated, its text withheld, as the engine does).
 
     `script_for(request, index)`, when set, gives each choice's full text instead (e.g. a scripted
     tool call). A multi-byte character's text is released with its last byte. `grammar_error`, when
@@ -154,9 +155,9 @@ class FakeEngine:
             if not done:
                 self.aborted.append(request.request_id)
 
-    def _plan(self, request: EngineRequest, index: int) -> tuple[list[int], list[str], str, str | None]:
-        """(token ids, text released per token, finish reason, the stop string that ended it) of
-        one choice."""
+    def _plan(self, request: EngineRequest, index: int) -> tuple[list[int], list[str], str, str | int | None]:
+        """(token ids, text released per token, finish reason, the stop string or stop token id that
+        ended it) of one choice."""
         stops, max_tokens = request.sampling_params.stop, self.limits.max_tokens(request)
         text = self.choice_text(index, request)
         cuts = sorted((text.index(s), s) for s in stops if s in text)
@@ -166,6 +167,10 @@ class FakeEngine:
         ids = self.tokenizer.encode(text)
         if not ids:  # a stop string at the very start: one token is generated, its text withheld
             return [ord(" ")], [""], "stop", stop_reason
+        stop_at = next((i for i, t in enumerate(ids) if t in request.sampling_params.stop_token_ids), None)
+        if stop_at is not None and stop_at < max_tokens:
+            texts = _released_texts(self.tokenizer, ids[:stop_at]) + [""]
+            return ids[: stop_at + 1], texts, "stop", ids[stop_at]
         reason = "stop"
         if len(ids) > max_tokens:
             ids, reason, stop_reason = ids[:max_tokens], "length", None

@@ -60,26 +60,49 @@ def test_json_schema_closes_from_every_prefix(backend, name, encode, tokenizer, 
                         encode, tokenizer, closer, lambda text: jsonschema.validate(json.loads(text), schema))
 
 
+WEATHER_TOOL = ToolSpec(name="get_weather", parameters={"type": "object", "properties": {
+    "location": {"type": "string"}}, "required": ["location"]})
+
+
+def _forced_call_check(parser: str, params: dict, arguments_start: str, query: str):
+    """(grammar spec, validate) of a forced call in `parser`'s format to search_web (`params`) or
+    get_weather: validate(output) checks that it parses to one call whose arguments validate and,
+    once the text before `arguments_start` names search_web, that it is that call with a prefix of
+    `query` as its query."""
+    tools = [ToolSpec(name="search_web", parameters=params), WEATHER_TOOL]
+    parser_class = get_tool_parser(parser)
+
+    def validate(output: str) -> None:
+        [call] = parser_class(tools).parse(output).tool_calls
+        arguments = json.loads(call.arguments)
+        jsonschema.validate(arguments, {t.name: t.parameters for t in tools}[call.name])
+        if "search_web" in output.split(arguments_start)[0]:
+            assert call.name == "search_web" and query.startswith(arguments["query"])
+
+    return parser_class(tools).grammar_for(tools, "required", True), validate
+
+
 def test_hermes_tool_call_closes_from_every_prefix(backend, encode, tokenizer, closer):
     params = {"type": "object", "properties": {"query": {"type": "string"},
                                                "max_results": {"type": "integer", "minimum": 1, "maximum": 10}},
               "required": ["query"], "additionalProperties": False}
-    tools = [ToolSpec(name="search_web", parameters=params),
-             ToolSpec(name="get_weather", parameters={"type": "object", "properties": {
-                 "location": {"type": "string"}}, "required": ["location"]})]
-    parser_class = get_tool_parser("hermes")
-    spec = parser_class(tools).grammar_for(tools, "required", True)
     text = ('<tool_call>\n{"name": "search_web", "arguments": {"query": "2018 world cup winner", '
             '"max_results": 3}}\n</tool_call>')
-
-    def validate(output: str) -> None:
-        calls = parser_class(tools).parse(output).tool_calls
-        assert len(calls) == 1
-        if "search_web" in output[: output.index('"arguments"')]:
-            assert calls[0].name == "search_web"
-        jsonschema.validate(json.loads(calls[0].arguments), {t.name: t.parameters for t in tools}[calls[0].name])
-
+    spec, validate = _forced_call_check("hermes", params, '"arguments"', "2018 world cup winner")
     _check_every_prefix(backend, spec, text, encode, tokenizer, closer, validate)
+
+
+def test_qwen3_coder_tool_call_closes_from_every_prefix(backends, encode, tokenizer, closer):
+    """qwen3_coder's XML parameters (structural tag style qwen_xml, xgrammar only): inside a value
+    the closer writes `</parameter>` (not a JSON quote, which is only more of the value), then
+    `</function>` and `</tool_call>`; the parsed call validates, its values the text cut so far."""
+    params = {"type": "object", "required": ["query", "max_results"], "additionalProperties": False,
+              "properties": {"query": {"type": "string"}, "site": {"type": "string"},
+                             "max_results": {"type": "integer", "minimum": 1, "maximum": 10}}}
+    text = ("<tool_call>\n<function=search_web>\n<parameter=query>\n2018 world cup \"winner\"}\n"
+            "</parameter>\n<parameter=max_results>\n10\n</parameter>\n</function>\n</tool_call>")
+    spec, validate = _forced_call_check("qwen3_coder", params, "<parameter=", '2018 world cup "winner"}')
+    _check_every_prefix(backends["xgrammar"], spec, text, encode, tokenizer, closer, validate)
 
 
 def test_plan_respects_limit_and_terminated(backend, encode, closer, vocab_info):

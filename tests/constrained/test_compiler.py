@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,10 +26,39 @@ from constrained import (
     InvalidGrammar,
     Matcher,
     UnknownGrammarBackend,
+    UnwritableGrammar,
     get_grammar_backend,
 )
 
 K = GrammarKind
+
+
+class AcceptingMatcher(Matcher):
+    """What the compiler's writability check sees of a fake grammar: accepting from the start and
+    forcing nothing (the check's only questions); the rest is never called."""
+
+    backend = "fake"
+
+    def accept(self, token_ids: Sequence[int]) -> bool:
+        raise AssertionError("the compiler tests never feed tokens")
+
+    def _fill_next(self, bitmask, row: int) -> None:
+        raise AssertionError("the compiler tests never fill bitmasks")
+
+    def rollback(self, num_tokens: int) -> None:
+        raise AssertionError("the compiler tests never roll back")
+
+    def is_terminated(self) -> bool:
+        return False
+
+    def is_accepting(self) -> bool:
+        return True
+
+    def forced_tokens(self) -> list[int]:
+        return []
+
+    def reset(self) -> None:
+        raise AssertionError("the compiler tests never reset a matcher")
 
 
 class FakeBackend(GrammarBackend):
@@ -46,7 +76,7 @@ class FakeBackend(GrammarBackend):
         return CompiledGrammar(self.name, spec, object(), self.delay_s)
 
     def new_matcher(self, compiled: CompiledGrammar) -> Matcher:
-        raise AssertionError("the compiler tests never ask the fake backend for a matcher")
+        return AcceptingMatcher(self.vocab_info)
 
     def fill_bitmasks(self, matchers: Sequence[tuple[Matcher, int]], bitmask) -> None:
         raise AssertionError("the compiler tests never ask the fake backend for bitmasks")
@@ -245,4 +275,33 @@ def test_warm_up_builds_the_default_backends(vocab_info, backends):
     compiler.warm_up()
     built = compiler.get_backend("guidance")
     assert built.name == "guidance" and compiler.get_backend("guidance") is built
+    compiler.close()
+
+
+# SmolLM2's byte-level vocabulary has no token for the byte 0x16 (nor 0x04, 0x06, 0x13, 0x14, 0x1d,
+# 0xf1-0xf4): these grammars need text it cannot write (the fuzzer's choice ["\x16"], a 500 before).
+@pytest.mark.parametrize("backend_name", ["xgrammar", "guidance"])
+@pytest.mark.parametrize("alternatives", [["\x16"], ["a\x16"], ["\x16", "\x16\x16"], ["\x160"], ["\x04a"],
+                                          ["\U00040000"]])
+def test_a_choice_the_vocabulary_cannot_write_is_refused_when_it_compiles(vocab_info, backend_name, alternatives):
+    compiler = GrammarCompiler(vocab_info, GrammarConfig(default_backend=backend_name))
+    spec = GrammarSpec(K.CHOICE, json.dumps(alternatives))
+    with pytest.raises(UnwritableGrammar, match="cannot be written by this model") as info:
+        compiler.compile(spec)
+    assert info.value.param == "choice"
+    compiler.close()
+
+
+@pytest.mark.parametrize("backend_name", ["xgrammar", "guidance"])
+@pytest.mark.parametrize("unwritable", ["\x16", "\x160", "\U00040000 "])
+def test_a_dead_end_after_free_text_is_found_by_the_matcher(vocab_info, encode, backend_name, unwritable):
+    """llguidance's bitmask at such a dead end allows one token its matcher refuses (the "0" after
+    "\\x16"): is_dead_end tries it, on both backends alike."""
+    compiler = GrammarCompiler(vocab_info, GrammarConfig(default_backend=backend_name))
+    writable = compiler.compile(GrammarSpec(K.CHOICE, json.dumps([unwritable, "b"])))   # one alternative is enough
+    assert not compiler.new_matcher(writable).is_dead_end()
+    matcher = compiler.new_matcher(compiler.compile(GrammarSpec(K.REGEX, f"(a|b){re.escape(unwritable)}")))
+    assert not matcher.is_dead_end()          # "a" or "b" first: nothing is forced, so it compiles
+    assert matcher.accept(encode("a"))
+    assert matcher.is_dead_end() and not matcher.is_accepting()
     compiler.close()

@@ -73,6 +73,15 @@ def test_json_object_answer_and_the_answers_options(accepts):
     assert accepts(closed, '{"answer": "hi"}') and not accepts(closed, '{"answer": "hi", "extra": 1}')
 
 
+def test_fixed_layout_calls_beside_an_answer_with_free_whitespace(accepts):
+    fixed = tuple(dataclasses.replace(tag, fixed_layout=True) for tag in TAGS)
+    spec = answer_or_calls(ANSWER_SPEC, tool_calls_grammar(fixed, "<call>", "\n", forced=False, single=False))
+    assert accepts(spec, '{ "answer":  "hi" }') and accepts(spec, CALL_F) and accepts(spec, TWO_CALLS)
+    for spaced in ('<call>f:{ "x": 1}</call>', '<call>f:{"x":1}</call>', '<call>f: {"x": 1}</call>',
+                   "<call>g:[1,2]</call>"):
+        assert not accepts(spec, spaced), spaced
+
+
 def test_open_calls_keep_their_schemas_as_written(accepts):
     spec = answer_or_calls(ANSWER_SPEC, calls(), close_calls=False)
     assert accepts(spec, '<call>f:{"x": 1, "y": 2}</call>')

@@ -185,6 +185,9 @@ def test_parse_new_fields_and_defaults() -> None:
     parsed = parse_structural_tag(spec)
     assert (parsed.forced, parsed.stop_after_first, parsed.separator, parsed.triggers) == (True, True, ",", ())
     assert parsed.tags[0].style == "qwen_xml" and parsed.trigger_of(parsed.tags[0]) == ""
+    assert not legacy.tags[0].fixed_layout and '"fixed_layout"' not in spec.source
+    fixed = structural_tag_spec([StructuralTag("<f>", {}, "</f>", fixed_layout=True)], ["<f>"])
+    assert parse_structural_tag(fixed).tags[0].fixed_layout
 
 
 @pytest.mark.parametrize(("change", "needle"), [
@@ -193,6 +196,9 @@ def test_parse_new_fields_and_defaults() -> None:
     ({"triggers": []}, "triggers"),
     ({"structures": [{"begin": "<a>", "schema": {}, "end": "", "style": "yaml"}]}, "style"),
     ({"structures": [{"begin": "<a>", "schema": {"type": "notatype"}, "end": ""}]}, "notatype"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": "", "fixed_layout": 1}]}, "fixed_layout"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": "", "style": "qwen_xml", "fixed_layout": True}]},
+     "fixed_layout"),
     ({"structures": [{"begin": "<a>", "schema": {"$ref": "#/$defs/x"}, "end": ""}]}, "points to nothing"),
 ])
 def test_bad_sources(change: dict[str, Any], needle: str) -> None:

@@ -62,3 +62,34 @@ def test_responses_argument_events_assemble_to_the_whole_answer(server):
     whole = client.responses.create(**kwargs)
     [whole_item] = [i for i in whole.output if i.type == "function_call"]
     assert (whole_item.name, whole_item.arguments) == (item.name, item.arguments) == ("write_note", item.arguments)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def test_the_header_and_the_arguments_start_go_out_once_the_name_is_decided(server):
+    """Two tools, so the grammar does not force the name: the header goes out with the engine output
+    that decided it (the prefill's, the forced `<tool_call>\\n{"name": "` having run in it), and so
+    does the arguments' first fragment: after the name's first token the grammar forces the rest
+    of the call's envelope and, the arguments having no free whitespace, `{"KEY":` for the tool's
+    first required key (before the fixed layout the model wrote ` {` in the next output, then
+    `\\n  "city"`); the answer equals the whole one."""
+    client = server.client()
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "What is the weather in Dublin?"}],
+                  tools=[NOTE, WEATHER], tool_choice="required", temperature=0, max_tokens=40)
+    chunks = list(client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    calls = [(c.usage.completion_tokens, d) for c in chunks for ch in c.choices for d in ch.delta.tool_calls or []]
+    (header_tokens, header), (fragment_tokens, fragment) = calls[0], calls[1]
+    assert header.id is not None and header.function.name in ("write_note", "get_weather")
+    first_key = {"write_note": "title", "get_weather": "city"}[header.function.name]
+    # exactly `{"KEY":` unless the stream merged the next engine output into this one (a busy box)
+    assert header.function.arguments == "" and fragment.function.arguments.startswith(f'{{"{first_key}":')
+    first_output = next(c.usage.completion_tokens for c in chunks if c.usage is not None)
+    assert header_tokens == fragment_tokens == first_output, "header and fragment are in the first engine output"
+    arguments = "".join(d.function.arguments or "" for _, d in calls)
+    [call] = client.chat.completions.create(**kwargs).choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == (header.function.name, arguments)

@@ -16,7 +16,8 @@ reloaded in place with other weights, and two adapters asking the same prompt at
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,20 +120,53 @@ def _case_bodies() -> list[dict[str, Any]]:
     return bodies
 
 
-class Lazy(Mapping[str, Answer]):
-    """Answers computed in the background; a lookup waits for them (and raises what failed)."""
+class ColdAnswers(Mapping[str, Answer]):
+    """Cold answers computed one at a time on a background thread, in the order of the tests that
+    read them; a lookup waits for its own answer only (and raises what failed for it), so that the
+    first test starts once its four answers are in while the `cold` server computes the rest on
+    its own core (waiting for all 13 first cost the module about 25 s on the 2-core box)."""
 
-    def __init__(self, future: concurrent.futures.Future[dict[str, Answer]]) -> None:
-        self._future = future
+    def __init__(self, srv: Server, jobs: dict[str, tuple[str, dict[str, Any]]],
+                 checks: dict[tuple[str, ...], Callable[[list[Answer]], None]]) -> None:
+        self._futures: dict[str, concurrent.futures.Future[Answer]] = {
+            key: concurrent.futures.Future() for key in jobs}
+        self._thread = threading.Thread(target=self._run, args=(srv, jobs, checks), daemon=True,
+                                        name="case017-cold")
+        self._thread.start()
+
+    def _run(self, srv: Server, jobs: dict[str, tuple[str, dict[str, Any]]],
+             checks: dict[tuple[str, ...], Callable[[list[Answer]], None]]) -> None:
+        """Ask each job in order. An answer is released once it is in and every `checks` group
+        holding its key is complete and passed its check; the first failure (a request, a cached
+        token, a check) fails every answer not yet released, as the whole fixture failed before."""
+        answers: dict[str, Answer] = {}
+        try:
+            for key, job in jobs.items():
+                answers[key] = ask(srv, *job)
+                assert answers[key].cached == 0, f"the cold server served cached tokens for {key}"
+                for group, check in checks.items():
+                    if key in group and all(k in answers for k in group):
+                        check([answers[k] for k in group])
+                for k, answer in answers.items():
+                    pending = any(k in group and not all(g in answers for g in group) for group in checks)
+                    if not pending and not self._futures[k].done():
+                        self._futures[k].set_result(answer)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by every lookup still waiting
+            for future in self._futures.values():
+                if not future.done():
+                    future.set_exception(exc)
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
 
     def __getitem__(self, key: str) -> Answer:
-        return self._future.result()[key]
+        return self._futures[key].result()
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._future.result())
+        return iter(self._futures)
 
     def __len__(self) -> int:
-        return len(self._future.result())
+        return len(self._futures)
 
 
 @pytest.fixture(scope="module")
@@ -140,28 +174,34 @@ def cold(servers) -> Iterator[Mapping[str, Answer]]:
     """Cold answers (the `cold` server, one request at a time, as the tested server gets them: a
     batch of other size may round differently and flip a late greedy token), by
     "<prompt>/<adapter weights>". The `cold` server computes them on its own core while the tests
-    send their requests to `cached`; a test's first lookup waits for them."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        yield Lazy(pool.submit(_cold_answers, servers.cold))
+    send their requests to `cached`; a lookup waits for its answer (`ColdAnswers`)."""
+    answers = ColdAnswers(servers.cold, _cold_jobs(), {_P1: _check_adapters_differ})
+    yield answers
+    answers.join(600.0)    # before the servers stop
 
 
-def _cold_answers(srv: Server) -> dict[str, Answer]:
+_P1 = tuple(f"p1/{model}" for model in ("adapter-a", "adapter-b", MODEL, "adapter-c"))
+
+
+def _check_adapters_differ(answers: list[Answer]) -> None:
+    assert len({answer.text for answer in answers}) == len(answers), \
+        "the adapters do not change the output, so the test could not see a mix-up"
+
+
+def _cold_jobs() -> dict[str, tuple[str, dict[str, Any]]]:
+    """The cold requests by key, in the order the tests read them."""
     jobs: dict[str, tuple[str, dict[str, Any]]] = {}
     case = _case_bodies()
-    for model in ("adapter-a", "adapter-b", MODEL, "adapter-c"):
-        jobs[f"p1/{model}"] = (CHAT, {**case[1], "model": model})
+    for key in _P1:
+        jobs[key] = (CHAT, {**case[1], "model": key.split("/", 1)[1]})
     for model in ("adapter-b", MODEL):
         jobs[f"p2/{model}"] = (CMPL, completion_body(model, PROMPT_2))
         jobs[f"p3/{model}"] = (CHAT, chat_body(model, SYSTEM_3, "Which shop sells rope?"))
-        jobs[f"p5/{model}"] = (CHAT, chat_body(model, SYSTEM_5, "How many windows?"))
     for model in ("adapter-a", "adapter-b", "adapter-c"):
         jobs[f"p4/{model}"] = (CHAT, chat_body(model, SYSTEM_4, "Where did the ships go?"))
-    answers = [ask(srv, *job) for job in jobs.values()]
-    refs = dict(zip(jobs, answers, strict=True))
-    assert all(answer.cached == 0 for answer in answers), "the cold server served cached tokens"
-    assert len({refs[f"p1/{m}"].text for m in ("adapter-a", "adapter-b", MODEL, "adapter-c")}) == 4, \
-        "the adapters do not change the output, so the test could not see a mix-up"
-    return refs
+    for model in ("adapter-b", MODEL):
+        jobs[f"p5/{model}"] = (CHAT, chat_body(model, SYSTEM_5, "How many windows?"))
+    return jobs
 
 
 def test_case017_adapter_switch_never_reuses_other_adapters_kv(servers, cold, case_adapters):

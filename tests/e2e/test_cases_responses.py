@@ -67,6 +67,10 @@ def _no_delta_job(url: str) -> tuple[Any, Any, str]:
     return post_typed_sse(url, body), post(url, body), first
 
 
+# started first in the shared batch (the longest Responses outputs): cases_support.collected_batch_jobs
+LONG_JOBS = ("020/auto/whole", "020/auto/stream")
+
+
 def batch_jobs(server) -> Jobs:
     """This file's requests for the shared `batch`."""
     url = responses_url(server)

@@ -130,6 +130,10 @@ def _unicode_job(server, prompt: str) -> dict[str, Any]:
     return {"text": text, "stop1": stop1, "results": results}
 
 
+# started first in the shared batch (several requests in a row each): cases_support.collected_batch_jobs
+LONG_JOBS = ("033n/japanese", "033n/chinese")
+
+
 def batch_jobs(server) -> Jobs:
     """This file's requests for the shared `batch`."""
     return {"033/completions": lambda: _completions_job(server), "033/chat": lambda: _chat_job(server),

@@ -39,6 +39,10 @@ from tests.e2e.cases_support import (
 pytestmark = pytest.mark.slow
 
 
+# started first in the shared batch (100-500 tokens each): cases_support.collected_batch_jobs
+LONG_JOBS = ("012/guidance", "012/auto", "011/json_object", "014/big")
+
+
 def batch_jobs(server) -> Jobs:
     """This file's requests for the shared `batch`."""
     return {**_jobs_011(server), **_jobs_014(server), **_jobs_012(server)}

@@ -81,6 +81,10 @@ def timed_sse(url: str, body: dict[str, Any]) -> tuple[Sse, float | None]:
     return sse, first_call
 
 
+# started first in the shared batch (up to 300 tokens each): cases_support.collected_batch_jobs
+LONG_JOBS = ("043/auto", "043/whole", "043/stream", "043n/named_single")
+
+
 def batch_jobs(server) -> Jobs:
     """This file's requests for the shared `batch`."""
     chat = chat_url(server)

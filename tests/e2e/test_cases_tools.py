@@ -45,6 +45,10 @@ from toolparsers import ParseResult, ToolSpec, get_tool_parser
 pytestmark = pytest.mark.slow
 
 
+# started first in the shared batch (calls of up to 200 tokens, or two choices): cases_support.collected_batch_jobs
+LONG_JOBS = ("004/whole", "004n/logprobs", "004n/whole_n2", "001n/n2", "001/whole", "001/stream")
+
+
 def batch_jobs(server) -> Jobs:
     """This file's requests for the shared `batch`."""
     return {**_jobs_001(server), **_jobs_004(server), **_jobs_005(server), **_jobs_003(server)}

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, start_server, stop_server
+from tests.e2e.conftest import MODEL
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +27,11 @@ def adapters(case_adapters) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def lora_server(adapters, tmp_path_factory):
-    modules = [f"ad-a={adapters['ad-a']}", f'{{"name": "ad-b", "path": "{adapters["ad-b"]}", "base_model_name": "smol"}}']
-    srv = start_server(tmp_path_factory.mktemp("lora_server"), "--enable-lora", "--lora-modules", *modules,
-                       "--max-loras", "2", "--max-lora-rank", "16", "--allow-runtime-lora",
-                       "--quantization", "none")   # float32: answers compared across batch sizes
-    yield srv
-    stop_server(srv)
+def lora_server(lora_runtime_server):
+    """The session's run-time LoRA server (tests/e2e/conftest.py), which serves ad-a (`NAME=PATH`)
+    and ad-b (the JSON form, base_model_name "smol") from its start, on float32 weights (answers
+    are compared across batch sizes). These tests use only the names ad-a, ad-b and ad-c."""
+    return lora_runtime_server
 
 
 def chat(server, model: str, max_tokens: int = 24, messages=MESSAGES) -> tuple[str, int]:
@@ -60,7 +58,8 @@ def test_openai_client_streams_an_adapter(lora_server) -> None:
 
 def test_models_list_and_unknown_model(lora_server, adapters) -> None:
     data = httpx.get(lora_server.url + "/v1/models", timeout=10).json()["data"]
-    assert [(m["id"], m["parent"], m["root"]) for m in data][1:] == [
+    assert data[0]["id"] == MODEL   # then the adapters in load order; other tests' names are theirs
+    assert [(m["id"], m["parent"], m["root"]) for m in data if m["id"] in ADAPTERS] == [
         ("ad-a", MODEL, str(adapters["ad-a"])), ("ad-b", "smol", str(adapters["ad-b"]))]
     response = httpx.post(lora_server.url + "/v1/chat/completions", timeout=30,
                           json={"model": "ad-z", "messages": MESSAGES[1:], "max_tokens": 4})

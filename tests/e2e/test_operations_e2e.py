@@ -11,6 +11,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -54,13 +55,30 @@ def data_events(first: str, lines: Iterator[str]) -> list[str]:
     return [first] + [line for line in lines if line.startswith("data: ")]
 
 
+@dataclass
+class OpsServer:
+    """The module's server and the SQLite file of its Responses store."""
+
+    server: Server
+    responses_db: str
+
+
 @pytest.fixture(scope="module")
-def ops_server(tmp_path_factory) -> Iterator[Server]:
-    """One running sequence at a time, one waiting request at most, requests cut at TIMEOUT_S."""
-    server = start_server(tmp_path_factory.mktemp("ops"), "--max-num-seqs", "1", "--max-waiting-requests", "1",
-                          "--request-timeout", str(TIMEOUT_S))
-    yield server
+def ops(tmp_path_factory) -> Iterator[OpsServer]:
+    """One running sequence at a time, one waiting request at most, requests cut at TIMEOUT_S, its
+    own Responses store. The SIGTERM test, last in the file, stops it (one server start fewer than
+    a server of its own: about 10 s of the suite); teardown then only reaps it."""
+    tmp = tmp_path_factory.mktemp("ops")
+    db = str(tmp / "responses.sqlite3")
+    server = start_server(tmp, "--max-num-seqs", "1", "--max-waiting-requests", "1",
+                          "--request-timeout", str(TIMEOUT_S), "--responses-db", db, "--shutdown-grace", "60")
+    yield OpsServer(server, db)
     stop_server(server)
+
+
+@pytest.fixture
+def ops_server(ops: OpsServer) -> Server:
+    return ops.server
 
 
 def test_full_waiting_queue_answers_429_at_once(ops_server):
@@ -121,20 +139,17 @@ def sigterm_when_streaming(server: Server, body: dict) -> tuple[list[str], httpx
         return data_events(first, lines), late
 
 
-def test_sigterm_drains_then_exits_0_and_stored_responses_survive(tmp_path):
-    db = str(tmp_path / "responses.sqlite3")
-    server = start_server(tmp_path, "--responses-db", db, "--shutdown-grace", "60")
-    try:
-        stored = httpx.post(server.url + "/v1/responses", timeout=60,
-                            json={"model": MODEL, "input": "Say hi.", "max_output_tokens": 8}).json()
-        assert stored["status"] in ("completed", "incomplete")
-        events, late = sigterm_when_streaming(server, chat(32, stream=True))
-        assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
-        assert late.headers["retry-after"] == "1"
-        assert events[-1] == "data: [DONE]", events[-3:]
-        assert server.proc.wait(timeout=30) == 0
-    finally:
-        stop_server(server)
+def test_sigterm_drains_then_exits_0_and_stored_responses_survive(ops, tmp_path):
+    """Runs last (file order): it stops the module's server (`ops`), then restarts on its store."""
+    server, db = ops.server, ops.responses_db
+    stored = httpx.post(server.url + "/v1/responses", timeout=60,
+                        json={"model": MODEL, "input": "Say hi.", "max_output_tokens": 8}).json()
+    assert stored["status"] in ("completed", "incomplete")
+    events, late = sigterm_when_streaming(server, chat(32, stream=True))
+    assert late.status_code == 503 and late.json()["error"]["code"] == "shutting_down"
+    assert late.headers["retry-after"] == "1"
+    assert events[-1] == "data: [DONE]", events[-3:]
+    assert server.proc.wait(timeout=30) == 0
 
     server = start_server(tmp_path, "--responses-db", db, "--shutdown-grace", "1")
     try:

@@ -20,10 +20,10 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL, start_server, stop_server
+from tests.e2e.replicas_support import REPLICA, chat_on_both, replica_pids, statuses_on_both
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-REPLICA = "x-structserve-replica"
 SYSTEM = " ".join(f"Rule {i}: when asked about topic {i}, answer in one short, polite sentence." for i in range(40))
 
 
@@ -44,13 +44,9 @@ def chat(server, system: str, user: str, max_tokens: int = 4, model: str = MODEL
     return raw.headers[REPLICA], (details.cached_tokens if details else 0) or 0
 
 
-def replica_pids(server) -> dict[str, int]:
-    text = httpx.get(server.url + "/metrics", timeout=30).text
-    return {rank: int(float(pid)) for rank, pid in re.findall(r'replica_process_id\{replica="(\d+)"\} (\S+)', text)}
-
-
 def test_health_and_metrics_cover_every_replica(replicas) -> None:
-    assert httpx.get(replicas.url + "/health", timeout=30).status_code == 200
+    health = httpx.get(replicas.url + "/health", timeout=30)
+    assert health.status_code == 200 and health.headers[REPLICA] == "0,1"
     metrics = httpx.get(replicas.url + "/metrics", timeout=30).text
     for rank in ("0", "1"):
         assert f'structserve:num_requests_running{{model_name="{MODEL}",replica="{rank}"}}' in metrics
@@ -70,14 +66,22 @@ def test_a_shared_system_prompt_stays_on_one_replica_and_hits_its_prefix_cache(r
     assert landed == {"0", "1"}
 
 
-def test_an_adapter_request_goes_to_the_replica_that_has_it_loaded(replicas, case_adapters) -> None:
-    loaded = httpx.post(replicas.url + "/v1/load_lora_adapter", timeout=120,
-                        json={"lora_name": "sql", "lora_path": str(case_adapters["adapter-a"])})
-    assert loaded.status_code == 200, loaded.text
-    owner = loaded.headers[REPLICA]
-    time.sleep(5.0)   # the replicas report their loaded adapters to the router every second
-    landed = [chat(replicas, "You write SQL.", f"Query number {i}", model="sql")[0] for i in range(4)]
-    assert landed == [owner] * 4   # the other replica has no "sql": it would answer 404
+def lora(server, action: str, name: str, path: str | None = None) -> httpx.Response:
+    body = {"lora_name": name} if path is None else {"lora_name": name, "lora_path": path}
+    return httpx.post(f"{server.url}/v1/{action}_lora_adapter", json=body, timeout=120)
+
+
+def test_runtime_adapter_loads_and_unloads_reach_every_replica(replicas, case_adapters) -> None:
+    for name in ("sql", "kept"):
+        loaded = lora(replicas, "load", name, str(case_adapters["adapter-a"]))
+        assert loaded.status_code == 200 and loaded.headers[REPLICA] == "0,1", loaded.text
+    assert statuses_on_both(replicas, "sql", 200) == {"0": 200, "1": 200}
+    refused = lora(replicas, "load", "broken", "/nonexistent/adapter")
+    assert refused.status_code == 400 and refused.json()["error"]["message"], refused.text
+    unloaded = lora(replicas, "unload", "sql")
+    assert unloaded.status_code == 200 and unloaded.headers[REPLICA] == "0,1", unloaded.text
+    assert statuses_on_both(replicas, "sql", 404) == {"0": 404, "1": 404}
+    assert lora(replicas, "unload", "sql").status_code == 404
 
 
 def test_previous_response_id_and_background_responses_follow_their_owner(replicas) -> None:
@@ -139,12 +143,19 @@ def test_killing_a_replica_fails_only_its_requests_and_serve_restarts_it(replica
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "replica_unavailable"
     last = json.loads(str(stream["lines"][-1]).removeprefix("data: "))
     assert last["error"]["code"] == "replica_unavailable"
+    orphan = f"{replicas.url}/v1/responses/resp_r{victim}_{'0' * 32}"   # owned by the dead rank
+    while_down = httpx.get(orphan, timeout=30)
+    assert while_down.status_code == 503 and while_down.json()["error"]["code"] == "replica_unavailable"
     survivors = [chat(replicas, "Be brief.", f"Question {i}") for i in range(3)]
     assert all(replica != victim for replica, _ in survivors)
     deadline = time.monotonic() + 240
     while httpx.get(replicas.url + "/health", timeout=30).status_code != 200:
         assert time.monotonic() < deadline, "the killed replica was not restarted"
         time.sleep(2.0)
+    time.sleep(2.5)   # the replacement's first routing stats (every second): it has no run-time adapter
+    survivor = "1" if victim == "0" else "0"
+    assert chat_on_both(replicas, "kept") == {survivor: 200}   # loaded at run time before the kill
+    assert httpx.get(orphan, timeout=30).status_code == 404   # the owner is back: it has no such response
     metrics = httpx.get(replicas.url + "/metrics", timeout=30).text
     for rank in ("0", "1"):   # nothing left running or holding KV blocks on either replica
         assert f'structserve:num_requests_running{{model_name="{MODEL}",replica="{rank}"}} 0.0' in metrics

@@ -19,7 +19,8 @@ from tiny_engine import make_engine
 from engine.compiled_decode import CompiledDecode, CompiledDecodeUnavailable
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from test_llm_engine import greedy_requests, run_all
+from test_llm_engine import greedy_requests
+from tiny_engine import run_all
 
 
 @pytest.fixture(autouse=True)
@@ -157,15 +158,39 @@ def test_warm_up_covers_each_side_of_every_weight_copy_crossover() -> None:
     warm-up of 2 sequences only left 9+ sequences to a recompile that turned the compiled step off)."""
     from types import SimpleNamespace
 
-    from engine.compiled_decode import WARM_UP_SHAPE, check_shapes, warm_up_shapes
+    from engine.compiled_decode import WARM_UP_TABLE_WIDTH, check_shapes, warm_up_shapes
 
     quantized = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 8, "head": 1}))
-    assert warm_up_shapes(quantized) == [WARM_UP_SHAPE, (9, WARM_UP_SHAPE[1])]
+    assert warm_up_shapes(quantized) == [(1, WARM_UP_TABLE_WIDTH), (2, WARM_UP_TABLE_WIDTH), (9, WARM_UP_TABLE_WIDTH)]
     assert {n for n, _ in check_shapes(quantized)} >= {1, 3, 8, 11}
     two = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 8, "head": 4}))
-    assert [n for n, _ in warm_up_shapes(two)] == [2, 5, 9]
+    assert [n for n, _ in warm_up_shapes(two)] == [1, 2, 5, 9]
     dense = SimpleNamespace(weight_summary=None)
-    assert warm_up_shapes(dense) == [WARM_UP_SHAPE]
+    assert warm_up_shapes(dense) == [(1, WARM_UP_TABLE_WIDTH), (2, WARM_UP_TABLE_WIDTH)]
+
+
+def test_warm_up_compiles_each_thread_count_the_engine_steps_with() -> None:
+    """Dynamo guards a graph on torch's thread count: with the step-thread rule (1 thread below 9
+    rows, 2 from it; engine/step_threads.py) every (copy regime, threads) pair the engine can call
+    gets its graph (seen in CI: graphs compiled on the warm-up thread's 2 threads, 1-thread decode
+    steps then failed the guard and turned the compiled step off). When the rule's boundary and the
+    crossover agree, three graphs (one sequence, up to the crossover, past it); when they differ, a
+    fourth for the rows between them."""
+    from types import SimpleNamespace
+
+    from engine.step_threads import SMALL_STEP_ROWS, StepThreads
+
+    from engine.compiled_decode import warm_up_shapes
+
+    rule = StepThreads(2, SMALL_STEP_ROWS)
+    agree = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": SMALL_STEP_ROWS - 1}))
+    assert [(n, rule.threads_for(n)) for n, _ in warm_up_shapes(agree, rule.threads_for)] == [
+        (1, 1), (2, 1), (SMALL_STEP_ROWS, 2)]
+    apart = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 4}))
+    assert [(n, rule.threads_for(n)) for n, _ in warm_up_shapes(apart, rule.threads_for)] == [
+        (1, 1), (2, 1), (5, 1), (SMALL_STEP_ROWS, 2)]
+    dense = SimpleNamespace(weight_summary=None)
+    assert [n for n, _ in warm_up_shapes(dense, rule.threads_for)] == [1, 2, SMALL_STEP_ROWS]
 
 
 def _rss_mib() -> float:

@@ -20,8 +20,9 @@ def stream(detok: IncrementalDetokenizer, ids: list[int]) -> tuple[list[str], st
         pieces.append(delta)
         if stop is not None:
             return pieces, stop
-    pieces.append(detok.flush())
-    return pieces, None
+    delta, stop = detok.flush()
+    pieces.append(delta)
+    return pieces, stop
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -74,6 +75,22 @@ def test_decode_stream_path_equals_the_window_path(smollm2_tokenizer, text):
         slow, _ = stream(window_path(IncrementalDetokenizer(smollm2_tokenizer)), ids[:cut])
         assert "".join(fast) == "".join(slow), (text, cut)
         assert all(REPLACEMENT not in p for p in fast[:-1])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_flush_matches_a_stop_string_its_replacement_character_completes(smollm2_tokenizer, fast):
+    """An output cut inside a character flushes it as U+FFFD; a stop string ending in U+FFFD then
+    matches there (the text cut before it, the string returned), as in any other text."""
+    text = "Emoji: 🎉 done"
+    ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
+    cut = next(k for k in range(1, len(ids)) if smollm2_tokenizer.decode(ids[:k]).endswith(REPLACEMENT))
+    for stop, expected in ((": " + REPLACEMENT, ("Emoji", ": " + REPLACEMENT)), ("never", (None, None))):
+        detok = IncrementalDetokenizer(smollm2_tokenizer, stop=(stop,))
+        pieces, matched = stream(detok if fast else window_path(detok), ids[:cut])
+        if expected[0] is None:
+            assert matched is None and "".join(pieces) == "Emoji: " + REPLACEMENT
+        else:
+            assert ("".join(pieces), matched) == expected
 
 
 def test_special_tokens_skipped_or_kept_alike(smollm2_tokenizer):

@@ -14,7 +14,7 @@ from engine.errors import EngineStepError
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest
 from engine.sampling_params import SamplingParams
-from tiny_engine import load_tiny, make_engine
+from tiny_engine import load_tiny, make_engine, run_all
 
 
 
@@ -24,20 +24,6 @@ def tiny(request, tiny_model_dir):
     if request.param == "compiled":
         return request.getfixturevalue("compiled_tiny")
     return load_tiny(tiny_model_dir)
-
-
-def run_all(engine: LLMEngine, requests: list[EngineRequest]) -> dict[str, list[list[int]]]:
-    for r in requests:
-        engine.add_request(r)
-    tokens = {r.request_id: [[] for _ in range(r.sampling_params.n)] for r in requests}
-    while engine.has_work():
-        for out in engine.step():
-            assert out.error is None
-            for d in out.deltas:
-                tokens[out.request_id][d.index].extend(d.token_ids)
-        engine.scheduler.check_invariants()
-    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
-    return tokens
 
 
 def greedy_requests(n_requests: int = 4, prompt_len: int = 20, max_tokens: int = 40) -> list[EngineRequest]:
@@ -121,6 +107,9 @@ class RejectingMatcher:
     def accept(self, token_ids):
         return False
 
+    def is_dead_end(self):
+        return False     # its bitmask would allow tokens: the bitmask and the matcher disagree
+
 
 def test_grammar_rejected_token_fails_the_request_not_stop(tiny):
     engine = make_engine(tiny)
@@ -148,3 +137,30 @@ def test_largest_seed_with_several_choices_runs(tiny):
     assert [len(tokens) for tokens in choices] == [3, 3]
     wrapped = SamplingParams(temperature=1.0, seed=0, max_tokens=3, ignore_eos=True)
     assert run_all(make_engine(tiny), [EngineRequest("a", list(range(8)), wrapped)])["a"][0] == choices[1]
+
+
+@pytest.mark.parametrize("include_stop", [False, True])
+def test_stop_string_completed_by_the_final_flush_ends_with_stop(tiny_model_dir, include_stop):
+    """max_tokens ends an output inside a multi-byte character, whose flush adds U+FFFD: a stop
+    string that this completes matches like any other (the text is cut there, finish_reason "stop",
+    stop_reason the string, no logprob entry for the cut token), never "length" with cut text."""
+    engine = make_engine(load_tiny(tiny_model_dir))
+    lead_byte = 0xE6   # starts a 3-byte character that never finishes: every token is this byte
+    fields = dict(temperature=0.0, max_tokens=2, ignore_eos=True, logprobs=0, logit_bias={lead_byte: 100.0})
+    cut = SamplingParams(stop=["\ufffd"], include_stop_str_in_output=include_stop, **fields)
+    requests = [EngineRequest("cut", [1, 2, 3], cut),
+                EngineRequest("plain", [1, 2, 3], SamplingParams(stop=["never"], **fields))]
+    for r in requests:
+        engine.add_request(r)
+    ends = {}
+    while engine.has_work():
+        for out in engine.step():
+            for d in out.deltas:
+                text, entries, _, _ = ends.get(out.request_id, ("", [], None, None))
+                entries = entries + (d.logprobs or [])
+                ends[out.request_id] = (text + d.text, entries, d.finish_reason, d.stop_reason)
+    assert ends["plain"][::2] == ("\ufffd\ufffd", "length")
+    text, entries, finish_reason, stop_reason = ends["cut"]
+    assert (text, finish_reason, stop_reason) == ("\ufffd" if include_stop else "", "stop", "\ufffd")
+    assert b"".join(e.text_bytes for e in entries) == text.encode()
+    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks

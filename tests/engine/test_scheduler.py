@@ -95,7 +95,7 @@ def test_preemption_by_recompute_frees_and_resumes():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "step", "abort"]), st.integers(1, 30), st.integers(1, 6)),
+@given(st.lists(st.tuples(st.sampled_from(["add", "step", "abort", "force"]), st.integers(1, 30), st.integers(1, 6)),
                 min_size=1, max_size=60),
        st.booleans())
 def test_random_operations_never_leak(ops, caching):
@@ -113,6 +113,10 @@ def test_random_operations_never_leak(ops, caching):
             if not seq.status.is_finished:
                 sched.finish(seq, SeqStatus.FINISHED_ABORTED)
             sched.check_invariants()
+        elif op == "force" and sched.running:   # a jump-forward: b tokens appended, not yet computed
+            seq = sched.running[a % len(sched.running)]
+            if seq.num_computed_tokens == seq.num_tokens - 1:
+                seq.token_ids += [8] * min(b, seq.sampling_params.max_tokens - seq.num_output_tokens - 1)
         else:
             fake_step(sched)
     for _ in range(500):
@@ -154,3 +158,76 @@ def test_waiting_on_a_preempted_owner_does_not_deadlock():
     sched.finish(owner, SeqStatus.FINISHED_ABORTED)
     out = sched.schedule()
     assert [s.seq.seq_id for s in out.scheduled] == [1]
+
+
+def test_a_shared_prompt_longer_than_one_chunk_is_still_prefilled_once():
+    sched = new_scheduler(num_blocks=64, max_tokens=16, max_seqs=8)   # a 41-token prompt takes 3 steps
+    prompt = list(range(40))
+    owner, follower = make_seq(0, prompt + [100], max_tokens=1), make_seq(1, prompt + [101], max_tokens=1)
+    sched.add(owner)
+    sched.add(follower)
+    for _ in range(3):   # the owner's chunks of 16, 16 and 9 tokens, each cached when computed
+        out = sched.schedule()
+        assert [s.seq.seq_id for s in out.scheduled] == [0], "the follower waits past every chunk"
+        sched.update_after_step(out)
+    owner.token_ids.append(7)                         # its first sampled token
+    out = sched.schedule()
+    assert sorted(s.seq.seq_id for s in out.scheduled) == [0, 1]
+    assert follower.num_cached_tokens == 40
+    sched.update_after_step(out)
+    sched.check_invariants()
+
+
+def _running_with_forced_run(sched: Scheduler, num_forced: int) -> tuple[Sequence, Sequence]:
+    """Two running sequences past their prefill: one decoding, one with `num_forced` grammar-forced
+    tokens appended after its sampled one (their K/V not yet computed)."""
+    decoding, forced = make_seq(0, [1, 2, 3], max_tokens=20), make_seq(1, [4, 5, 6], max_tokens=20)
+    sched.add(decoding)
+    sched.add(forced)
+    fake_step(sched)
+    forced.token_ids += [8] * num_forced
+    return decoding, forced
+
+
+def test_a_step_that_admits_an_arrival_holds_forced_runs_back_one_step():
+    sched = new_scheduler(num_blocks=32, max_tokens=64, max_seqs=8)
+    decoding, forced = _running_with_forced_run(sched, 4)
+    arrival = make_seq(2, list(range(10, 20)), max_tokens=5)
+    sched.add(arrival)
+    out = sched.schedule()
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 1, 2: 10}, \
+        "the arrival's first step carries its prefill and the decode, not the 5-token forced run"
+    sched.update_after_step(out)
+    decoding.token_ids.append(7)
+    arrival.token_ids.append(7)
+    sched.add(make_seq(3, list(range(30, 36)), max_tokens=5))
+    out = sched.schedule()                    # another arrival: the run is not held a second time
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 1, 1: 5, 2: 1, 3: 6}
+    sched.update_after_step(out)
+    sched.check_invariants()
+
+
+def test_a_forced_run_is_not_held_when_no_arrival_is_admitted():
+    sched = new_scheduler(num_blocks=32, max_tokens=64, max_seqs=8)
+    _, forced = _running_with_forced_run(sched, 4)
+    compiling = make_seq(2, list(range(10, 20)), max_tokens=5)
+    compiling.status = SeqStatus.WAITING_FOR_GRAMMAR
+    sched.add(compiling)
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in sched.schedule().scheduled} == {0: 1, 1: 5}
+
+
+def test_a_forced_run_is_scheduled_when_the_waiting_arrival_cannot_be_admitted():
+    sched = new_scheduler(num_blocks=64, max_tokens=16, max_seqs=8)
+    prompt = list(range(100, 140))
+    decoding, forced = make_seq(0, [1, 2, 3], max_tokens=20), make_seq(1, [4, 5, 6], max_tokens=20)
+    owner, follower = make_seq(2, prompt + [1], max_tokens=1), make_seq(3, prompt + [2], max_tokens=1)
+    for seq in (decoding, forced, owner):
+        sched.add(seq)
+    fake_step(sched)                          # 3 + 3 + the owner's first 10 prompt tokens
+    forced.token_ids += [8] * 4
+    sched.add(follower)                       # waits for the owner's prompt blocks: not admitted
+    out = sched.schedule()
+    assert follower.status is SeqStatus.WAITING
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 1, 1: 5, 2: 10}
+    sched.update_after_step(out)
+    sched.check_invariants()

@@ -47,7 +47,8 @@ def _run(engine: LLMEngine, params: SamplingParams, choice: str | None, backend:
 def test_stops_inside_a_forced_call_are_not_matched(smollm2_vocab_engine, smollm2_tokenizer, backend) -> None:
     engine = smollm2_vocab_engine
     free, reason, _ = _run(engine, SamplingParams(temperature=0, max_tokens=60), "required", backend)
-    assert reason == "stop" and free.startswith('<tool_call>\n{"name": "set_mode", "arguments": {"mode":"')
+    # the call's fixed layout (', ' and ': ', no free whitespace) forces everything up to the value
+    assert reason == "stop" and free.startswith('<tool_call>\n{"name": "set_mode", "arguments": {"mode": "')
     parsed = get_tool_parser("hermes")([TOOL]).parse(free)
     assert [c.name for c in parsed.tool_calls] == ["set_mode"]
     # every stop occurs inside the call: none ends the output, which is the same whole call

@@ -11,6 +11,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.request import EngineRequest
 from engine.model_loader import load_model_weights
 from engine.model_runner import kv_block_bytes
 from tests.byte_tokenizer import ByteTokenizer
@@ -54,3 +55,20 @@ def make_smollm2_vocab_engine(folder: Path, tokenizer: Any, max_model_len: int =
     per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
     config = EngineConfig(kv_cache_memory_bytes=num_blocks * per_block)
     return LLMEngine(config, model, arch, tokenizer, torch.device("cpu"), torch.float32, max_model_len)
+
+
+def run_all(engine: LLMEngine, requests: list[EngineRequest]) -> dict[str, list[list[int]]]:
+    """Add `requests` and step `engine` until it is idle: request id -> token ids per choice.
+    Every output must be error-free, the scheduler's invariants hold after each step, and every
+    KV block is free at the end."""
+    for r in requests:
+        engine.add_request(r)
+    tokens = {r.request_id: [[] for _ in range(r.sampling_params.n)] for r in requests}
+    while engine.has_work():
+        for out in engine.step():
+            assert out.error is None
+            for d in out.deltas:
+                tokens[out.request_id][d.index].extend(d.token_ids)
+        engine.scheduler.check_invariants()
+    assert engine.block_pool.num_free_blocks == engine.block_pool.num_blocks
+    return tokens

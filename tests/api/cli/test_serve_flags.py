@@ -108,6 +108,25 @@ def test_defaults_and_api_key_from_env() -> None:
     assert flagged.api_key == "f"
 
 
+def test_compile_cache_dir_flag_env_and_default(tmp_path: Path) -> None:
+    """--compile-cache-dir, else TORCHINDUCTOR_CACHE_DIR, else structserve/inductor under the XDG
+    cache folder; only when compiling (the default; an eager `--no-compile` server leaves inductor's
+    setting alone)."""
+    def cache_dir(argv: list[str], environ: dict[str, str]) -> str | None:
+        return build_configs(build_parser().parse_args(["serve", *argv]), environ)[0].compile_cache_dir
+
+    assert cache_dir(["--no-compile"], {"XDG_CACHE_HOME": str(tmp_path)}) is None
+    assert build_configs(build_parser().parse_args(["serve"]), {})[0].compile_decode
+    assert cache_dir([], {"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "structserve" / "inductor")
+    assert cache_dir(["--compile"], {"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "structserve" / "inductor")
+    assert cache_dir(["--compile"], {}) == str(Path.home() / ".cache" / "structserve" / "inductor")
+    assert cache_dir(["--compile"], {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "t"),
+                                     "XDG_CACHE_HOME": "/x"}) == str(tmp_path / "t")
+    assert build_configs(build_parser().parse_args(["serve", "--crossover-rows", "8"]), {})[0].crossover_rows == 8
+    flagged = ["--compile", "--compile-cache-dir", str(tmp_path / "f")]
+    assert cache_dir(flagged, {"TORCHINDUCTOR_CACHE_DIR": "/t"}) == str(tmp_path / "f")
+
+
 def test_tool_flags() -> None:
     _, defaults = build_configs(build_parser().parse_args(["serve"]), {})
     assert defaults.tool_call_parser == "hermes"

@@ -16,7 +16,10 @@ from api_support import FakeEngine, chat_body
 
 from api.app import create_app
 from api.config import ServerConfig
+from api.generation.constraints import request_constraints
+from api.generation.inputs import FunctionTool, GenerationInputs, Message, ToolInputs
 from constrained.spec import GrammarKind, GrammarSpec
+from engine import SamplingParams
 from toolparsers import ToolSpec, get_tool_parser
 
 pytestmark = pytest.mark.anyio
@@ -340,3 +343,18 @@ async def test_template_selection(engine: FakeEngine) -> None:
 async def test_tool_aware_model_template_is_kept(client: httpx.AsyncClient, engine: FakeEngine) -> None:
     prompt = engine.tokenizer.decode((await sent(client, engine, tools=TOOLS)).prompt_token_ids)
     assert "<|im_start|>tools\n" in prompt and "<tools>" not in prompt  # FakeTokenizer's template reads tools
+
+
+@pytest.mark.parametrize(("tool_choice", "constrain_auto", "expected"), [
+    ("required", True, True), (NAMED, False, True), ("auto", True, True), ("auto", False, False),
+])
+def test_the_parser_reads_names_early_only_where_the_grammar_constrains_calls(tool_choice, constrain_auto,
+                                                                              expected) -> None:
+    """`ToolCalling.constrained` (the header goes out once a name closes) follows the grammar: forced
+    calls and constrained "auto" calls, never parse-only mode (--no-constrain-auto-tools)."""
+    tools = tuple(FunctionTool(t["function"]["name"], f"tools[{i}].function.parameters",
+                               parameters=t["function"].get("parameters")) for i, t in enumerate(TOOLS))
+    inputs = GenerationInputs((Message("user", "hi"),), SamplingParams(), ToolInputs(tools, tool_choice))
+    calling = request_constraints(inputs, ServerConfig(constrain_auto_tools=constrain_auto)).tool_calling
+    assert calling is not None and calling.constrained is expected
+    assert calling.new_parser().constrained is expected

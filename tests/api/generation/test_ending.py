@@ -7,7 +7,8 @@ streams), n=2 for chat; greedy, so a stream equals its whole answer and the two 
 An output that ends inside a forced call: never call markup as content; finish_reason "length" and
 no call (or "tool_calls" when a call was already whole, e.g. pythonic's `[f(x="")` cut before its
 "]"); a stop string or stop token id inside the call is not matched, so the call comes out whole
-("tool_calls"); a call the closing completed is whole ("tool_calls"). Anthropic's stop_reason and
+("tool_calls"); a call the closing completed is whole ("tool_calls", in every format: qwen3_coder's
+XML parameters close with `</parameter>`, constrained/closing.py). Anthropic's stop_reason and
 the Responses status follow the same decision. A call the cut dropped streamed its header and
 first fragments (arguments stream as generated): the stream may show exactly that one trailing
 partial call, its arguments not JSON, when the finish_reason says it was cut (chat here; Messages,
@@ -172,10 +173,9 @@ async def _messages(app: Any, tool: dict[str, Any], fields: dict[str, Any]) -> t
 
 async def _case(
     app_for: Any, tool: dict[str, Any], ending: str, tokenizer: Any, probes: dict[Any, Any]
-) -> tuple[Any, dict[str, Any], str | None, tuple[Any, ...]]:
-    """(app, request fields, expected finish_reason or None when the closer may not fit, the probe)
-    of one ending; the probe is the chat answer with nothing cutting the call but PROBE_TOKENS
-    (kept in `probes` per app and tool)."""
+) -> tuple[Any, dict[str, Any], str, tuple[Any, ...]]:
+    """(app, request fields, expected finish_reason, the probe) of one ending; the probe is the
+    chat answer with nothing cutting the call but PROBE_TOKENS (kept in `probes` per app and tool)."""
     key = (id(app_for(False)), tool["name"])
     if key not in probes:
         probes[key] = await _chat(app_for(False), tool, {"max_tokens": PROBE_TOKENS})
@@ -192,7 +192,7 @@ async def _case(
                       for i in tokenizer.encode(piece, add_special_tokens=False)})
         return app_for(False), {"max_tokens": PROBE_TOKENS, "extra_body": {"stop_token_ids": ids}}, probe_reason, probe
     if ending == "max_tokens, call closed":
-        return app_for(True), {"max_tokens": cut_at}, "tool_calls" if completes else None, probe
+        return app_for(True), {"max_tokens": cut_at}, "tool_calls", probe
     if ending == "max_tokens, call cut":
         return app_for(False), {"max_tokens": cut_at}, "length", probe
     return app_for(True), {"max_tokens": 3}, "length", probe
@@ -211,7 +211,7 @@ async def test_ending_in_a_forced_call(apps, probes, smollm2_tokenizer, parser: 
     assert len(calls) == (1 if finish_reason == "tool_calls" else 0)
     if expected == "length" and calls:   # a call already whole at the cut is the answer
         expected = "tool_calls"
-    assert finish_reason == expected or (expected is None and finish_reason in ("tool_calls", "length"))
+    assert finish_reason == expected
     for name, arguments in calls:
         assert name == tool["name"]
         _check_call(name, arguments)

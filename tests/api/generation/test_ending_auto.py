@@ -1,7 +1,9 @@
 """The endings matrix of tool_choice "auto" in parse-only mode (`--no-constrain-auto-tools`: no
 grammar, so stops and max_tokens can cut a call anywhere): the FakeEngine plays a call in each
 parser's format after some text, cut by each ending, through chat (n=2), Responses and Messages,
-whole and streamed (the official clients assemble the streams).
+whole and streamed (the official clients assemble the streams); stop_token_ids on chat only (an
+extra of chat and completions). A timeout or an abort inside a call, with "auto" and with a
+forced tool_choice, on all three endpoints.
 
 Rules (`api/generation/ending.py`): text the model wrote is never silently dropped, and a call
 whose header already streamed stays a call; so a call cut by a stop string or max_tokens after its
@@ -53,6 +55,8 @@ def _script(parser: str, ending: str) -> tuple[str, dict[str, Any]]:
         return BEFORE + call, {"max_tokens": 400}
     if ending == "stop string inside the call":
         return BEFORE + call, {"max_tokens": 400, "stop": ["Dublin"]}
+    if ending == "stop_token_ids inside the call":   # the FakeEngine's byte tokens: "D" of "Dublin"
+        return BEFORE + call, {"max_tokens": 400, "extra_body": {"stop_token_ids": [ord("D")]}}
     if ending == "max_tokens inside the call":
         return BEFORE + call, {"max_tokens": len(BEFORE) + call.index("Dublin") + 2}
     return BEFORE + call + AFTER, {"max_tokens": len(BEFORE + call) + 6}   # max_tokens after the call
@@ -71,7 +75,7 @@ def _expected(parser: str, ending: str) -> tuple[str, list[tuple[str, Any]], str
     """(content, [(name, arguments object, or the verbatim text of a cut call)], finish_reason)
     the rules give."""
     text, fields = _script(parser, ending)
-    if ending == "stop string inside the call":
+    if ending.startswith("stop"):
         cut, reason = text[: text.index("Dublin")], "stop"
     else:
         cut, reason = text[: fields["max_tokens"]], "length"
@@ -141,8 +145,13 @@ async def _responses(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tu
         whole = await client.responses.create(**body)
         events = [e async for e in await client.responses.create(**body, stream=True)]
     got = []
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
     for response in (whole, events[-1].response):
-        calls = [(i.name, _arguments(i.arguments)) for i in response.output if i.type == "function_call"]
+        items = [i for i in response.output if i.type == "function_call"]
+        calls = [(i.name, _arguments(i.arguments)) for i in items]
+        assert [i.status for i in items] == [i.status for i in done]
+        # a call the output ended inside is an "incomplete" item (its arguments are not JSON)
+        assert [i.status for i in items] == ["completed" if isinstance(a, dict) else "incomplete" for _, a in calls]
         got.append((response.output_text, calls, response.status))
     assert got[0] == got[1]
     return got[0]
@@ -158,13 +167,16 @@ async def _messages(app: FastAPI, fields: dict[str, Any]) -> tuple[str, list[tup
 
 
 @pytest.mark.parametrize("ending", ["EOS after the call", "stop string inside the call",
-                                    "max_tokens inside the call", "max_tokens after the call"])
+                                    "stop_token_ids inside the call", "max_tokens inside the call",
+                                    "max_tokens after the call"])
 async def test_ending_in_auto_parse_only(app: FastAPI, engine: FakeEngine, parser: str, ending: str) -> None:
     text, fields = _script(parser, ending)
     _play(engine, text)
     expected = _expected(parser, ending)
     assert await _chat(app, fields) == expected
     content, calls, finish_reason = expected
+    if "extra_body" in fields:   # stop_token_ids: a chat / completions extra only
+        return
     if "stop" not in fields:   # Responses has no stop sequences
         output_text, response_calls, status = await _responses(app, fields)
         assert (response_calls, status) == (calls, "incomplete" if finish_reason == "length" else "completed")
@@ -185,10 +197,11 @@ async def test_ending_in_auto_parse_only(app: FastAPI, engine: FakeEngine, parse
         assert stop_reason == ANTHROPIC_STOP[finish_reason]
 
 
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
 @pytest.mark.parametrize("failure", [RequestTimedOut("the request did not finish within 2 s (--request-timeout)"),
                                      RequestAborted("the server aborted the request")])
 async def test_timeout_or_abort_inside_a_call_fails_without_markup(
-    app: FastAPI, engine: FakeEngine, parser: str, failure: Exception
+    app: FastAPI, engine: FakeEngine, parser: str, failure: Exception, tool_choice: str
 ) -> None:
     """A timeout or an abort (shutdown) while a call is open is no ending: whole, the request fails
     (408 / 503, the API's error body); streamed, the content that went out is the text ahead of
@@ -196,9 +209,11 @@ async def test_timeout_or_abort_inside_a_call_fails_without_markup(
     generated went out as call deltas (arguments stream as generated: a delta cannot wait for an
     ending that may never come); they are a strict prefix of the call's arguments, never a whole
     call, then one error event (chat, no finish_reason) / the item closed "incomplete", error +
-    response.failed (Responses) / an Anthropic error event."""
-    _play(engine, BEFORE + CALLS[parser])
-    engine.fail_after_tokens = len(BEFORE) + CALLS[parser].index("Dublin")
+    response.failed (Responses) / an Anthropic error event. The same with a forced tool_choice
+    ("required" / "any"), whose call starts the output (no text ahead of it)."""
+    before = BEFORE if tool_choice == "auto" else ""
+    _play(engine, before + CALLS[parser])
+    engine.fail_after_tokens = len(before) + CALLS[parser].index("Dublin")
     engine.failure = failure
     status = 408 if isinstance(failure, RequestTimedOut) else 503
     [whole_call] = get_tool_parser(parser)().parse(CALLS[parser]).tool_calls
@@ -207,13 +222,14 @@ async def test_timeout_or_abort_inside_a_call_fails_without_markup(
         return whole_call.arguments.startswith(arguments) and arguments != whole_call.arguments
 
     tools = [{"type": "function", "function": WEATHER}]
-    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools}
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools,
+            "tool_choice": tool_choice}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         assert (await client.post("/v1/chat/completions", json=chat)).status_code == status
         streamed = await client.post("/v1/chat/completions", json={**chat, "stream": True})
         events = [json.loads(p) for p in sse_events(streamed.text)]
         content = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"])
-        assert content == BEFORE.rstrip("\n") and "error" in events[-1]
+        assert content == before.rstrip("\n") and "error" in events[-1]
         assert not any(c["finish_reason"] for e in events[:-1] for c in e["choices"])
         calls: dict[int, list[str]] = {}
         choices = [c for e in events[:-1] for c in e["choices"]]
@@ -222,24 +238,26 @@ async def test_timeout_or_abort_inside_a_call_fails_without_markup(
             entry[1] += delta["function"].get("arguments") or ""
         assert list(calls) == [0]   # the header went out: the name was known, the arguments begun
         assert all(name == "get_weather" and partial(arguments) for name, arguments in calls.values())
-        body = {"model": "fake-model", "input": "Weather?", "tools": [{"type": "function", **WEATHER}]}
+        body = {"model": "fake-model", "input": "Weather?", "tools": [{"type": "function", **WEATHER}],
+                "tool_choice": tool_choice}
         assert (await client.post("/v1/responses", json=body)).status_code == status
         lines = (await client.post("/v1/responses", json={**body, "stream": True})).text.splitlines()
         events = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
         assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
         texts = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
-        assert "".join(texts) == BEFORE.rstrip("\n")
+        assert "".join(texts) == before.rstrip("\n")
         items = [e["item"] for e in events if e["type"] == "response.output_item.done"
                  and e["item"]["type"] == "function_call"]
         assert [(i["status"], partial(i["arguments"])) for i in items] == [("incomplete", True)]
         messages = {"model": "fake-model", "max_tokens": 400, "messages": [{"role": "user", "content": "Weather?"}],
-                    "tools": [{"name": "get_weather", "input_schema": WEATHER["parameters"]}]}
+                    "tools": [{"name": "get_weather", "input_schema": WEATHER["parameters"]}],
+                    "tool_choice": {"type": tool_choice.replace("required", "any")}}
         assert (await client.post("/v1/messages", json=messages)).status_code == status
         text = (await client.post("/v1/messages", json={**messages, "stream": True})).text
         assert "event: error" in text
         events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
         deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
-        assert "".join(d.get("text", "") for d in deltas) == BEFORE.rstrip("\n")
+        assert "".join(d.get("text", "") for d in deltas) == before.rstrip("\n")
         assert partial("".join(d.get("partial_json", "") for d in deltas))
         uses = [e["content_block"] for e in events if e["type"] == "content_block_start"
                 and e["content_block"]["type"] == "tool_use"]

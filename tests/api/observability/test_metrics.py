@@ -122,7 +122,38 @@ async def test_responses_tool_calls_are_counted(client: httpx.AsyncClient, engin
     samples = await scrape(client)
     assert value(samples, "tool_calls_total", validity="valid") == 1
     assert value(samples, "tool_calls_total", validity="invalid") == 0
-    assert value(samples, "request_success_total", finish_reason="stop") == 1
+    assert value(samples, "request_success_total", finish_reason="tool_calls") == 1
+    assert value(samples, "request_success_total", finish_reason="stop") == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+async def test_success_counts_the_finish_reason_the_client_got(
+    client: httpx.AsyncClient, engine: FakeEngine, endpoint: str, stream: bool
+) -> None:
+    """request_success is labelled with the decided finish_reason (api/generation/ending.py), not
+    the engine's: a whole call ("tool_calls"; the engine said "stop"), and an auto call cut by
+    max_tokens after its header ("length"), per choice (n=2 on chat)."""
+    engine.max_model_len = 8192
+    text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
+    answer(engine, text)
+    n = 2 if endpoint == "/v1/chat/completions" else 1
+    for max_tokens in (len(text) + 10, text.index("gwyngyll")):
+        if endpoint == "/v1/chat/completions":
+            body = chat_body(tools=[TOOL], stream=stream, max_tokens=max_tokens, n=n)
+        elif endpoint == "/v1/responses":
+            body = {"model": "fake-model", "input": "Weather?", "tools": [RESPONSES_TOOL], "stream": stream,
+                    "max_output_tokens": max_tokens}
+        else:
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": "Weather?"}],
+                    "stream": stream, "max_tokens": max_tokens,
+                    "tools": [{"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}]}
+        assert (await client.post(endpoint, json=body)).status_code == 200
+    samples = await scrape(client)
+    counts = {reason: value(samples, "request_success_total", finish_reason=reason)
+              for reason in ("tool_calls", "length", "stop")}
+    assert counts == {"tool_calls": n, "length": n, "stop": 0}
+    assert value(samples, "e2e_request_latency_seconds_count") == 2 * n
 
 
 async def test_each_app_has_its_own_registry(engine: FakeEngine) -> None:

@@ -82,6 +82,11 @@ async def test_responses_line_counts_tool_calls(
     assert (await client.post("/v1/responses", json=body)).status_code == 200
     (line,) = lines(caplog)
     assert (line["endpoint"], line["tool_calls"], line["outcome"], line["status"]) == ("/v1/responses", 1, "ok", 200)
+    assert line["finish_reason"] == "tool_calls"   # the decision the client got, not the engine's "stop"
+    function = {k: WEATHER[k] for k in ("name", "parameters")}
+    chat = chat_body(tools=[{"type": "function", "function": function}], n=2, stream=True)
+    assert (await client.post("/v1/chat/completions", json=chat)).status_code == 200
+    assert lines(caplog)[-1]["finish_reason"] == "tool_calls,tool_calls"
 
 
 async def test_rejected_request_is_an_error_line(client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:

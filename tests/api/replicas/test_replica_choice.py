@@ -52,10 +52,16 @@ def test_past_the_imbalance_threshold_the_least_loaded_replica_gets_the_request(
     assert first([replica("a", 0, queue_len=3), replica("b", 1, queue_len=7)], facts, index, threshold=4) == "b"
 
 
-def test_a_replica_with_the_adapter_loaded_is_preferred() -> None:
+def test_an_adapter_request_goes_to_a_replica_that_has_the_adapter_loaded() -> None:
     replicas = [replica("a", 0), replica("b", 1, queue_len=1, adapters=("sql",))]
     assert first(replicas, RoutingFacts(model="sql")) == "b"
     assert first(replicas, RoutingFacts(model="smollm2")) == "a"
+    index = PrefixIndex()
+    index.record("a", PROMPT)   # a prefix match or a long queue never sends it where it would be a 404
+    busy = [replica("a", 0), replica("b", 1, queue_len=9, adapters=("sql",))]
+    assert [c.key for c in order_candidates(busy, RoutingFacts(model="sql", prefix_hashes=PROMPT), index)] == ["b", "a"]
+    both = [replica("a", 0, queue_len=2, adapters=("sql",)), replica("b", 1, adapters=("sql",)), replica("c", 2)]
+    assert first(both, RoutingFacts(model="sql")) == "b"   # among the holders: the usual rules
 
 
 def test_unrelated_requests_alternate_between_idle_replicas() -> None:

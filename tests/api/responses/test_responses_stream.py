@@ -242,14 +242,23 @@ async def test_auto_call_cut_by_max_output_tokens_stays_a_call(
     client: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
     """tool_choice auto, unconstrained: a call whose header streamed stays in the output, its
-    arguments the model's text verbatim (not JSON); the response is "incomplete"; stream == whole."""
+    arguments the model's text verbatim (not JSON) and its item status "incomplete" (its
+    output_item.done event, the final and the stored response); the response is "incomplete";
+    stream == whole."""
     text = "Checking.\n" + call_text("get_weather", {"city": "Llanfairpwllgwyngyll"})
     play(engine, text)
     fields = {"input": "x", "tools": [GET_WEATHER], "max_output_tokens": text.index("gwyngyll")}
     events = await stream(client, **fields)
     final = events[-1]["response"]
     assert events[-1]["type"] == "response.incomplete"
-    assert [(i["type"], i.get("arguments")) for i in final["output"]] == [
-        ("message", None), ("function_call", '{"city": "Llanfairpwll')]
+    assert [(i["type"], i.get("arguments"), i["status"]) for i in final["output"]] == [
+        ("message", None, "completed"), ("function_call", '{"city": "Llanfairpwll', "incomplete")]
+    assert [e["item"]["status"] for e in events if e["type"] == "response.output_item.done"] == [
+        "completed", "incomplete"]
     assert final["output"][0]["content"][0]["text"] == "Checking."
-    assert without_ids(final["output"]) == without_ids((await whole(client, **fields))["output"])
+    body = await whole(client, **fields)
+    assert without_ids(final["output"]) == without_ids(body["output"])
+    for response_id in (final["id"], body["id"]):
+        stored = (await client.get(f"/v1/responses/{response_id}")).json()
+        assert [(i["type"], i["status"]) for i in stored["output"]] == [
+            ("message", "completed"), ("function_call", "incomplete")]

@@ -2,7 +2,7 @@
 loader, both float32: same logits within atol 1e-3 (observed: bit-identical) and the same 32
 greedy tokens for two chat prompts decoded together in one paged batch. The compiled decode step
 (engine/compiled_decode.py) against our eager float32 forward: logits within atol 1e-3 and the same
-greedy tokens, for batches of 2 and of 1 (padded to 2)."""
+greedy tokens, for batches of 2 and of 1 (a graph of its own)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from paged_batch import PagedBatch
 
 from engine.compiled_decode import CompiledDecode
-from engine.model_loader import LoadedModel, default_model_path, load_model
+from engine.model_loader import LoadedModel, default_model_path
 from tests.conftest import smollm2_gguf
 
 pytestmark = pytest.mark.slow
@@ -25,8 +25,9 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about paged attent
 
 
 @pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
-    return load_model(None, torch.float32, torch.device("cpu"), 1024)
+def loaded(smollm2_float32) -> LoadedModel:
+    """Our float32 load of the default model (session fixture, conftest.py)."""
+    return smollm2_float32
 
 
 def hf_greedy(hf_model, prompt: list[int]) -> tuple[list[int], torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.gguf_blocks import unpack_blocks
+from engine.models.int8_row_product import int8_row_product
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import Int4Groups, Int8Channels, cat_rows
 from engine.models.weight_format import WeightFormat, cpu_flags, cpu_has_native_bf16, large_batch_format
@@ -156,3 +157,38 @@ def test_forward_traces_into_one_graph_per_side_of_the_crossover() -> None:
     for rows in (1, 3, 9, 17):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(compiled(x), proj(x), atol=0, rtol=0)
+
+
+def test_an_int8_projection_of_one_row_compiles_to_the_fused_loop_and_matches_the_kernel() -> None:
+    """The compiled one-sequence graph's LM head (engine/models/int8_row_product.py): inductor's
+    loop after a norm gives the weight's product within bf16 rounding of its input, like the
+    kernel; the one-row path is taken only under compile and only for a literal row count of 1
+    (a dynamic row count keeps the kernel)."""
+    proj = QuantizedLinear(torch.randn(96, 64), None, WeightFormat.INT8, WeightFormat.BF16, 8, torch.float32, CPU)
+    held = proj.int8_weight.float() * proj.int8_scales.float()[:, None]
+    norm_weight = torch.rand(64) + 0.5
+
+    def normed(h: torch.Tensor) -> torch.Tensor:
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight
+
+    def head(h: torch.Tensor) -> torch.Tensor:
+        return proj(normed(h))
+
+    h = torch.randn(1, 64)
+    expected = bf16(normed(h)) @ held.T
+    assert relative_error(head(h), expected) < 1e-2                          # eager: _weight_int8pack_mm
+    assert relative_error(torch.compile(head, dynamic=False, fullgraph=True)(h), expected) < 1e-2
+    graphs: list[str] = []
+
+    def keep_graph(gm: torch.fx.GraphModule, _inputs) -> torch.fx.GraphModule:
+        graphs.append(str(gm.graph))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(head, backend=keep_graph, dynamic=False, fullgraph=True)(h)
+    torch._dynamo.reset()
+    torch.compile(head, backend=keep_graph, dynamic=True, fullgraph=True)(torch.randn(3, 64))
+    assert "structserve.materialize" in graphs[0] and "_weight_int8pack_mm" not in graphs[0]
+    assert "_weight_int8pack_mm" in graphs[1] and "materialize" not in graphs[1]
+    with pytest.raises(ValueError, match="one row"):
+        int8_row_product(torch.randn(2, 64, dtype=torch.bfloat16), proj.int8_weight, proj.int8_scales)

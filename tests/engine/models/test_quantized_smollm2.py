@@ -28,10 +28,11 @@ CROSSOVER_ROWS = 8   # fixed, so that the test does not depend on the load-time 
 
 
 @pytest.fixture(scope="module")
-def models():
-    reference, arch, _ = load_model_weights(default_model_path(), torch.float32, CPU, 512, "none")
-    quantized, _, _ = load_model_weights(default_model_path(), torch.float32, CPU, 512, "auto", CROSSOVER_ROWS)
-    return reference, quantized, arch
+def models(smollm2_float32):
+    """(float32 reference: the session's load, conftest.py; the quantized model; arch)."""
+    quantized, arch, _ = load_model_weights(default_model_path(), torch.float32, CPU, 512, "auto", CROSSOVER_ROWS)
+    assert arch == smollm2_float32.arch
+    return smollm2_float32.model, quantized, arch
 
 
 def logits_of(model, arch, chunks_per_step: list[list[int]]) -> torch.Tensor:
