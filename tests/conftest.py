@@ -120,6 +120,24 @@ def smollm2_hf_model():
 
 SMOLLM2_VOCAB_SIZE = 49152
 GRAMMAR_BACKEND_NAMES = ("xgrammar", "guidance")
+# The e2e servers' --max-model-len, and the compiled e2e server's --crossover-rows
+# (tests/e2e/test_compiled_e2e.py): test_parity_smollm2.py compiles that server's graphs again in
+# process, with these, and loads them from the run's inductor cache (pytest_configure) instead of
+# compiling them a second time.
+SERVER_MAX_MODEL_LEN = 4096
+COMPILED_CROSSOVER_ROWS = 8
+
+
+def pytest_configure(config) -> None:
+    """One on-disk inductor cache for the whole run, in-process compiles and servers alike: the
+    folder `structserve serve --compile` uses by default (api/cli/serve.py compile_cache_dir, under
+    ~/.cache), which persists, so a later run loads what an earlier one compiled. Set as
+    TORCHINDUCTOR_CACHE_DIR unless the environment already names one."""
+    import os
+
+    from api.cli.serve import compile_cache_dir
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = compile_cache_dir(None, dict(os.environ))
 
 
 @pytest.fixture(scope="session")

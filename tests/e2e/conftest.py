@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import server_process
 from benchmarks.server_process import ROOT, ServerProcess, free_port
+from tests.conftest import SERVER_MAX_MODEL_LEN
 
 MODEL = "smollm2"
 # Rows up to which a server on the default (int4) weights runs the int4 copies (`--crossover-rows`),
@@ -70,8 +71,9 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeo
     Servers run `--no-compile` unless `args` says `--compile`: compiling SmolLM2's decode step costs
     minutes of both cores with a cold on-disk cache, so only test_compiled_e2e's server compiles it,
     and waits for it (`wait_for_compile`) before sending anything. It uses the CLI's default
-    `--compile-cache-dir` (~/.cache/structserve/inductor), which persists, so a later run of the
-    suite loads the compiled graphs from disk instead of compiling them.
+    `--compile-cache-dir` (~/.cache/structserve/inductor, the run's one inductor cache: tests/
+    conftest.py), which persists, so a later run of the suite loads the compiled graphs from disk
+    instead of compiling them.
     `crossover_rows` is passed as `--crossover-rows` (CROSSOVER_ROWS) unless it is None or `args`
     set `--crossover-rows` or `--quantization` (the tests' float32 servers have no int4 copies).
     """
@@ -81,7 +83,7 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None, timeo
     pinned = crossover_rows is not None and "--crossover-rows" not in args and "--quantization" not in args
     crossover_args = ["--crossover-rows", str(crossover_rows)] if pinned else []
     started = server_process.start_server(
-        ["--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", "4096",
+        ["--served-model-name", MODEL, "--kv-cache-memory", "512MiB", "--max-model-len", str(SERVER_MAX_MODEL_LEN),
          *thread_args, *compile_args, *crossover_args, *args],
         log_path=tmp / f"server-{port}.log", env=env, timeout_s=timeout_s, port=port)
     return Server(started.url, started.proc, started.log_path)

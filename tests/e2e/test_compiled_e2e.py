@@ -14,11 +14,12 @@ import httpx
 import jsonschema
 import pytest
 
+from tests.conftest import COMPILED_CROSSOVER_ROWS
 from tests.e2e.conftest import start_server, stop_server
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
           "required": ["city", "days"], "additionalProperties": False}
-CROSSOVER_ROWS = 8   # int4 copies up to 8 sequences; the 12 concurrent requests below run the bf16 graph
+CROSSOVER_ROWS = COMPILED_CROSSOVER_ROWS   # int4 up to 8 sequences; the 12 requests below run the bf16 graph
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                          "parameters": SCHEMA}}
 

@@ -1,8 +1,9 @@
 """The default model (SmolLM2-135M-Instruct, GGUF Q4_1) loaded by us against transformers' own GGUF
 loader, both float32: same logits within atol 1e-3 (observed: bit-identical) and the same 32
-greedy tokens for two chat prompts decoded together in one paged batch. The compiled decode step
-(engine/compiled_decode.py) against our eager float32 forward: logits within atol 1e-3 and the same
-greedy tokens, for batches of 2 and of 1 (a graph of its own)."""
+greedy tokens for two chat prompts decoded together in one paged batch. The served default's
+compiled decode step (engine/compiled_decode.py, all three graphs) against that model's eager
+forward: logits to rounding and the same greedy tokens where they are clear. (The float32 path's
+compiled step is compared on tiny models, tests/engine/test_compiled_decode.py.)"""
 
 from __future__ import annotations
 
@@ -15,12 +16,19 @@ import torch
 from paged_batch import PagedBatch
 
 from engine.compiled_decode import CompiledDecode
-from engine.model_loader import LoadedModel, default_model_path
-from tests.conftest import smollm2_gguf
+from engine.model_loader import LoadedModel, default_model_path, load_model_weights
+from engine.step_threads import plan_step_threads
+from engine.threads import available_cores
+from tests.conftest import COMPILED_CROSSOVER_ROWS, SERVER_MAX_MODEL_LEN, smollm2_gguf
 
 pytestmark = pytest.mark.slow
 NUM_NEW_TOKENS = 32
 ATOL = 1e-3
+MIN_CLEAR_MARGIN = 0.25   # logits; a smaller lead is a near-tie that rounding may flip
+# compiled against eager on the quantized default: both round activations to bf16 for the int4/bf16
+# kernels, at different points once inductor fuses the float32 ops around them (observed on the
+# project machine: max |logit diff| 0.16-0.59 per step, logit standard deviation 5.9)
+MAX_COMPILED_DIFF = 1.0
 QUESTIONS = ["What is the capital of France?", "Write a haiku about paged attention."]
 
 
@@ -90,31 +98,64 @@ def test_greedy_decode_matches_transformers(loaded: LoadedModel, smollm2_hf_mode
         torch.testing.assert_close(torch.stack(our_logits[i]), expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.timeout(1800)     # a cold compile of 30 layers: ~1-2 min of CPU, many more on a busy box
+@pytest.fixture(scope="module")
+def served():
+    """The compiled e2e server's model (tests/e2e/test_compiled_e2e.py): the default quantized load
+    (int4 layers, int8 head, bf16 copies past COMPILED_CROSSOVER_ROWS) at SERVER_MAX_MODEL_LEN, and
+    that server's step-thread rule. With the same model, flags and threads, its graphs have the
+    server's cache keys, so they load from the run's one on-disk cache (tests/conftest.py) that
+    the server filled, rather than compiling for minutes again."""
+    model, arch, _ = load_model_weights(default_model_path(), torch.float32, torch.device("cpu"),
+                                        SERVER_MAX_MODEL_LEN, "auto", COMPILED_CROSSOVER_ROWS)
+    return model, arch, plan_step_threads(available_cores(), explicit=False)
+
+
+def _clear_argmax(eager: torch.Tensor) -> torch.Tensor:
+    """Rows whose top-1 logit leads the runner-up by at least MIN_CLEAR_MARGIN (else a near-tie)."""
+    top2 = eager.topk(2, dim=-1).values
+    return (top2[:, 0] - top2[:, 1]) >= MIN_CLEAR_MARGIN
+
+
+@pytest.mark.timeout(1800)     # a cold compile of 30 layers: ~1-2 min of CPU per graph, more on a busy box
 @torch.inference_mode()
-def test_compiled_decode_matches_eager(loaded: LoadedModel) -> None:
-    """Both paths decode the eager path's greedy tokens (teacher-forced) from the same prefill, in
-    two caches with the same block layout: 10 steps of both prompts, then 8 of the first alone."""
-    model, scratch = loaded.model, 32
-    eager_batch, compiled_batch = (PagedBatch(loaded.arch, num_blocks=scratch + 1, block_size=16) for _ in range(2))
+def test_compiled_decode_matches_eager(served, loaded: LoadedModel) -> None:
+    """The served default: the compiled step's three graphs (1 sequence; 2-8 on the int4 copies;
+    9 and more on the bf16 copies, on the server's thread counts) against the same model's eager
+    forward, teacher-forced from the same prefill in two caches with the same block layout: 4
+    steps of 9 sequences, 8 of 2, then 6 of 1. Logits within MAX_COMPILED_DIFF (bf16 rounding at
+    other points; the one-sequence graph's int8 head also sums in float32 where the eager kernel
+    rounds to bf16, engine/models/int8_row_product.py); top-1 equal wherever the eager lead is
+    at least MIN_CLEAR_MARGIN (observed: every row)."""
+    model, arch, rule = served
+    threads_for = rule.threads_for if rule is not None else None
+    scratch = 80
+    eager_batch, compiled_batch = (PagedBatch(arch, num_blocks=scratch + 1, block_size=16) for _ in range(2))
     for batch in (eager_batch, compiled_batch):
         batch.free_blocks.remove(scratch)           # the scratch block: never handed to a sequence
-    compiled = CompiledDecode(model)
+    compiled = CompiledDecode(model, threads_for=threads_for)
     compiled.warm_up(compiled_batch.kv_caches, scratch)
-    chunks = list(enumerate(chat_prompts(loaded)))
+    assert [rows for rows, _ in compiled.shapes][:3] == [1, 2, COMPILED_CROSSOVER_ROWS + 1]
+    prompts = chat_prompts(loaded)
+    chunks = [(i, prompts[i % len(prompts)]) for i in range(COMPILED_CROSSOVER_ROWS + 1)]
     for batch in (eager_batch, compiled_batch):
         input_ids, positions, meta = batch.step(chunks)
         hidden = model(input_ids, positions, batch.kv_caches, meta)
     tokens = model.compute_logits(hidden.index_select(0, (meta.cu_seqlens_q[1:] - 1).long())).argmax(-1).tolist()
+    clear = 0
     for step in range(18):
-        live = [0, 1] if step < 10 else [0]
-        chunks = [(i, [tokens[i]]) for i in live]
-        input_ids, positions, meta = eager_batch.step(chunks)
+        live = list(range(len(chunks))) if step < 4 else [0, 1] if step < 12 else [0]
+        step_chunks = [(i, [tokens[i]]) for i in live]
+        input_ids, positions, meta = eager_batch.step(step_chunks)
         eager = model.compute_logits(model(input_ids, positions, eager_batch.kv_caches, meta))
-        input_ids, positions, meta = compiled_batch.step(chunks)
+        input_ids, positions, meta = compiled_batch.step(step_chunks)
+        if threads_for is not None:
+            torch.set_num_threads(threads_for(len(live)))   # as the engine thread does (StepThreads)
         got = compiled.run(input_ids, positions, compiled_batch.kv_caches,
                            dataclasses.replace(meta, decode_only=True))
-        torch.testing.assert_close(got, eager, atol=ATOL, rtol=0)
-        assert got.argmax(-1).tolist() == eager.argmax(-1).tolist()
+        assert float((got - eager).abs().max()) < MAX_COMPILED_DIFF, len(live)
+        sure = _clear_argmax(eager)
+        assert got.argmax(-1)[sure].tolist() == eager.argmax(-1)[sure].tolist()
+        clear += int(sure.sum())
         for i, token in zip(live, eager.argmax(-1).tolist()):
             tokens[i] = token
+    assert clear >= 0.8 * (4 * len(chunks) + 8 * 2 + 6), clear     # the comparison is not vacuous
