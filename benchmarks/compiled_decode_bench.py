@@ -129,13 +129,12 @@ def main() -> int:
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     dtype = getattr(torch, args.dtype)
-    loaded = load_model(None, torch.float32, torch.device("cpu"), 1024, args.quantization, args.crossover_rows)
+    # loaded in `dtype` (the server's --dtype): a float32 load holds oneDNN-packed weights that .to() cannot convert
+    loaded = load_model(None, dtype, torch.device("cpu"), 1024, args.quantization, args.crossover_rows)
     model, arch = loaded.model, loaded.arch
-    if dtype != torch.float32:
-        model.to(dtype)
-        model.prepack()            # no oneDNN float32 reorder for bf16: dense bf16 F.linear
     batches = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
-    num_blocks = max(b * (-(-(c + 1) // 16)) for b, c in batches) + 8
+    # enough for every case's contexts, and at least one max_model_len sequence (ModelRunner's check)
+    num_blocks = max(max(b * (-(-(c + 1) // 16)) for b, c in batches), 1024 // 16) + 8
     per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, dtype)
     runner = ModelRunner(model, arch, torch.device("cpu"), dtype, 16, num_blocks * per_block, 1024)
     compiled = CompiledDecode(model, freezing=args.freezing)
