@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import time
+import uuid
 
 import httpx
 
@@ -20,11 +21,14 @@ def replica_pids(server) -> dict[str, int]:
 
 def chat_on_both(server, model: str) -> dict[str, int]:
     """Replica -> HTTP status of 4 concurrent chats with unrelated prompts naming `model`: the router
-    spreads them over both replicas (unless only one has the adapter `model`)."""
+    spreads them over both replicas (unless only one has the adapter `model`). Each prompt starts
+    with a fresh nonce, so that no replica holds a cached prefix of it: a prompt seen before would
+    pin all four to the replica that has it (the imbalance fallback waits for a longer queue)."""
     def one(i: int) -> tuple[str, int]:
         response = httpx.post(server.url + "/v1/chat/completions", timeout=120, json={
             "model": model, "max_tokens": 2,
-            "messages": [{"role": "system", "content": f"{i} is the only number you talk about. " * 20},
+            "messages": [{"role": "system",
+                          "content": f"{uuid.uuid4().hex}: {i} is the only number you talk about. " * 20},
                          {"role": "user", "content": "Hi"}]})
         return response.headers[REPLICA], response.status_code
 
