@@ -4,7 +4,7 @@ ONE JSON line.
 
 Loads the default SmolLM2 GGUF through engine/ (float32 activations; `--quantization` as the
 server's flag, default `auto`: the GGUF's int4 layers and their bf16 oneDNN copies, as served; or
-`--dtype bfloat16`: the float32 load cast to bf16, KV cache too), fills a KV cache of blocks handed out in shuffled order (as in a
+`--dtype bfloat16`: SmolLM2 loaded in bf16 (the server's --dtype), KV cache too), fills a KV cache of blocks handed out in shuffled order (as in a
 server that has run a while) for `--batches` (B x context; the K/V of one real prefill copied to
 every sequence) and times, per batch, the model forward plus the LM head of one decode step:
 eager (the engine's path today: gather + SDPA attention) against `CompiledDecode`
@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+MAX_MODEL_LEN = 1024
+BLOCK_SIZE = 16
 
 
 def parse_args() -> argparse.Namespace:
@@ -130,13 +134,13 @@ def main() -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     dtype = getattr(torch, args.dtype)
     # loaded in `dtype` (the server's --dtype): a float32 load holds oneDNN-packed weights that .to() cannot convert
-    loaded = load_model(None, dtype, torch.device("cpu"), 1024, args.quantization, args.crossover_rows)
+    loaded = load_model(None, dtype, torch.device("cpu"), MAX_MODEL_LEN, args.quantization, args.crossover_rows)
     model, arch = loaded.model, loaded.arch
     batches = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
     # enough for every case's contexts, and at least one max_model_len sequence (ModelRunner's check)
-    num_blocks = max(max(b * (-(-(c + 1) // 16)) for b, c in batches), 1024 // 16) + 8
-    per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, dtype)
-    runner = ModelRunner(model, arch, torch.device("cpu"), dtype, 16, num_blocks * per_block, 1024)
+    num_blocks = max(max(b * (-(-(c + 1) // BLOCK_SIZE)) for b, c in batches), MAX_MODEL_LEN // BLOCK_SIZE) + 8
+    per_block = kv_block_bytes(arch.num_layers, BLOCK_SIZE, arch.num_kv_heads, arch.head_dim, dtype)
+    runner = ModelRunner(model, arch, torch.device("cpu"), dtype, BLOCK_SIZE, num_blocks * per_block, MAX_MODEL_LEN)
     compiled = CompiledDecode(model, freezing=args.freezing)
     compiled.warm_up(runner.kv_caches, runner.scratch_block)
     result: dict = {"dtype": args.dtype, "quantization": args.quantization, "threads": torch.get_num_threads(),

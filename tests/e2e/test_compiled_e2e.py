@@ -19,7 +19,6 @@ from tests.e2e.conftest import start_server, stop_server
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
           "required": ["city", "days"], "additionalProperties": False}
-CROSSOVER_ROWS = COMPILED_CROSSOVER_ROWS   # int4 up to 8 sequences; the 12 requests below run the bf16 graph
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                          "parameters": SCHEMA}}
 
@@ -36,7 +35,7 @@ def server(tmp_path_factory):
     """Default flags and `--compile`, past its background compile (a graph on each side of the
     int4/bf16 crossover, pinned so that the graphs are the same in every run), which says what the
     on-disk cache (the default --compile-cache-dir, so warm from an earlier run of the suite) served."""
-    srv = start_server(tmp_path_factory.mktemp("compiled"), "--compile", "--crossover-rows", str(CROSSOVER_ROWS))
+    srv = start_server(tmp_path_factory.mktemp("compiled"), "--compile", "--crossover-rows", str(COMPILED_CROSSOVER_ROWS))
     try:
         outcome = srv.wait_for_compile()
         assert "compiled decode step ready" in outcome and "on-disk cache" in outcome, srv.log()[-4000:]
@@ -57,7 +56,7 @@ def test_compiled_step_serves_decodes_and_keeps_the_api_promises(server) -> None
     assert whole.choices[0].message.content and streamed == whole.choices[0].message.content
     assert _counter(server, "compiled_steps") > before + 10, "decode steps did not run compiled"
     many = [{"role": "user", "content": f"Count from {i} to {i + 20}."} for i in range(12)]
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:   # past CROSSOVER_ROWS: the other graph
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:   # past COMPILED_CROSSOVER_ROWS (8): the other graph
         outs = list(pool.map(lambda m: client.chat.completions.create(model="smollm2", messages=[m],
                                                                       temperature=0, max_tokens=24), many))
     assert all(o.choices[0].message.content for o in outs)
