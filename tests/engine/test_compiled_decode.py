@@ -89,6 +89,49 @@ def test_logits_and_kv_match_eager(compiled_tiny, contexts: list[int]) -> None:
         torch.testing.assert_close(v[owned], ve[owned], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("steps", [[(20, 5)], [(15, 1), (0, 7), (30, 3), (16, 16)], [(3, 1), (47, 2)]])
+def test_multi_token_queries_as_decode_rows_match_eager(compiled_tiny, steps: list[tuple[int, int]]) -> None:
+    """A step of (cached context, query length) per sequence (decodes first, as the scheduler orders them), run through the compiled graph as one
+    row per token (`ModelRunner.prepare(decode_only=True)`), gives the eager multi-token step's
+    logits at each sequence's last token and the same K/V; queries cross block edges (15+1, 16+16)."""
+    from engine.scheduler import SchedulerOutput, ScheduledSeq
+    from engine.sampling_params import SamplingParams
+    from engine.sequence import Sequence
+
+    model, _, compiled = compiled_tiny
+    engine = make_engine(compiled_tiny)
+    runner, bs = engine.runner, engine.config.block_size
+    gen = torch.Generator().manual_seed(len(steps))
+    sched, next_block = SchedulerOutput(), 0
+    with torch.inference_mode():
+        for i, (context, query) in enumerate(steps):
+            num = -(-(context + query) // bs)
+            seq = Sequence(i, f"r{i}", 0, torch.randint(0, 250, (context + query,), generator=gen).tolist(),
+                           context + query, SamplingParams(), 0.0, block_table=list(range(next_block, next_block + num)))
+            next_block += num
+            if context:
+                runner.model(torch.tensor(seq.token_ids[:context]), torch.arange(context), runner.kv_caches,
+                             _metadata(runner, [seq.block_table], [context], [context]))
+            seq.num_computed_tokens = context
+            sched.scheduled.append(ScheduledSeq(seq, query))
+        caches = runner.kv_caches
+        before = [(k.clone(), v.clone()) for k, v in caches]
+        input_ids, positions, meta, sample_idx = runner.prepare(sched)
+        eager = model.compute_logits(model(input_ids, positions, caches, meta)[sample_idx])
+        eager_kv = [(k.clone(), v.clone()) for k, v in caches]
+        for (k, v), (k0, v0) in zip(caches, before):
+            k.copy_(k0)
+            v.copy_(v0)
+        flat_ids, flat_positions, flat_meta, flat_idx = runner.prepare(sched, decode_only=True)
+        assert flat_meta.block_tables.shape[0] == sum(q for _, q in steps) and flat_idx.tolist() == sample_idx.tolist()
+        got = compiled.run(flat_ids, flat_positions, caches, flat_meta).index_select(0, flat_idx)
+    torch.testing.assert_close(got, eager, atol=1e-4, rtol=0)
+    owned = slice(0, runner.scratch_block)
+    for (k, v), (ke, ve) in zip(caches, eager_kv):
+        torch.testing.assert_close(k[owned], ke[owned], atol=1e-5, rtol=0)
+        torch.testing.assert_close(v[owned], ve[owned], atol=1e-5, rtol=0)
+
+
 def test_engine_outputs_match_eager_with_preemption_and_prefix_hits(compiled_tiny) -> None:
     eager = run_all(make_engine(compiled_tiny[:2]), greedy_requests())
     compiled_engine = make_engine(compiled_tiny, num_blocks=9)       # tight: preempts and resumes
@@ -212,3 +255,41 @@ def test_a_compiled_step_writes_the_cache_in_place(compiled_tiny) -> None:
         compiled.run(input_ids, positions, engine.runner.kv_caches, dataclasses.replace(meta, decode_only=True))
         grown = _rss_mib() - before
     assert grown < cache_mib / 8, f"{grown:.0f} MiB resident after one step over a {cache_mib:.0f} MiB cache"
+
+
+def test_warm_up_lets_the_traced_graphs_go(compiled_tiny) -> None:
+    """After warm-up no compiled function keeps a handle on its traced GraphModule (the
+    `drop_traced_graphs` attributes), the graphs still serve, and no GraphModule that a compiled
+    function once held is alive."""
+    import gc
+
+    import engine.compiled_decode as compiled_decode
+
+    model, _, compiled = compiled_tiny
+    fns = [fn for name, fn in vars(compiled_decode).items() if name.startswith("__compiled_fn")]
+    assert fns, "dynamo installed no compiled function in engine.compiled_decode"
+    for fn in fns:
+        while fn is not None:
+            assert not set(vars(fn)) & set(compiled_decode._TRACE_HANDLES)
+            fn = getattr(fn, "__wrapped__", None)
+    assert compiled_decode.drop_traced_graphs() == 0
+    gc.collect()
+    traced = [gm for gm in gc.get_objects() if isinstance(gm, torch.fx.GraphModule)
+              and any(getattr(ref, "__self__", None) is gm for ref in gc.get_referrers(gm))]
+    assert not traced
+    engine = make_engine(compiled_tiny)
+    with torch.inference_mode():
+        input_ids, positions, meta = decode_step(engine, [5, 9], seed=3)
+        got = compiled.run(input_ids, positions, engine.runner.kv_caches, dataclasses.replace(meta, decode_only=True))
+    assert got.shape == (2, model.arch.vocab_size) and bool(torch.isfinite(got).all())
+
+
+def test_which_steps_run_as_compiled_rows() -> None:
+    """Decode-only steps always; short multi-token steps while their queries read few keys."""
+    from engine.model_runner import COMPILED_STEP_MAX_TOKENS, runs_compiled
+
+    assert runs_compiled([1] * 200, [3000] * 200)
+    assert runs_compiled([1] * 7 + [12], [601] * 7 + [1012])
+    assert runs_compiled([COMPILED_STEP_MAX_TOKENS], [COMPILED_STEP_MAX_TOKENS])
+    assert not runs_compiled([COMPILED_STEP_MAX_TOKENS + 1], [COMPILED_STEP_MAX_TOKENS + 1])
+    assert not runs_compiled([1, 32], [600, 1032])

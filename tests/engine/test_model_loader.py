@@ -4,6 +4,7 @@ ModelLoadError of each failure."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -240,3 +241,20 @@ def test_load_model_from_hf_folder_with_tokenizer(tiny_model_dir, caplog: pytest
     record, weights = [r for r in caplog.records if r.name == "engine.model_loader"]
     assert all(part in record.message for part in ("Qwen3ForCausalLM", "float32", "max_model_len=64"))
     assert "quantization none" in weights.message and "resident MiB" in weights.message
+
+
+def test_rope_table_has_one_size_for_every_shorter_max_model_len(tiny_model_dir) -> None:
+    """The RoPE table (an input of the compiled decode step, so part of its on-disk cache key) has
+    the default length's rows whatever shorter max_model_len a server asks for, and the
+    positions a shorter max_model_len uses read the same rows."""
+    from engine.model_loader import rope_table_positions
+
+    folder, _ = tiny_model_dir("LlamaForCausalLM")        # max_position_embeddings 256
+    short, arch, short_len = load_model_weights(str(folder), torch.float32, CPU, 64)
+    full, _, full_len = load_model_weights(str(folder), torch.float32, CPU, None)
+    assert (short_len, full_len) == (64, 256)
+    assert short.cos_sin_cache.shape == full.cos_sin_cache.shape == (256, arch.head_dim)
+    torch.testing.assert_close(short.cos_sin_cache, full.cos_sin_cache, atol=0, rtol=0)
+    big = dataclasses.replace(arch, max_position_embeddings=32768)
+    assert rope_table_positions(big, 4096) == rope_table_positions(big, 1024) == 8192
+    assert rope_table_positions(big, 16384) == 16384
