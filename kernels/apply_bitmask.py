@@ -10,11 +10,7 @@ import sys
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs (e.g. aarch64) run the reference
-    triton = None
+from kernels.triton_runtime import tl, triton
 
 _BLOCK_SIZE = 1024
 

@@ -17,11 +17,7 @@ import torch
 
 from kernels.lora_index import LoraTokenIndex
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs ship without triton
-    triton = None  # type: ignore[assignment]
+from kernels.triton_runtime import tl, triton
 
 
 def lora_shrink_ref(

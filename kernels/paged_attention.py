@@ -14,11 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs (e.g. aarch64 wheels) ship without triton
-    triton = None  # type: ignore[assignment]
+from kernels.triton_runtime import tl, triton
 
 
 def write_kv_ref(
