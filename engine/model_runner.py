@@ -18,27 +18,32 @@ from lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
 
-COMPILED_STEP_MAX_TOKENS = 64          # tokens of a step with multi-token queries run compiled
-COMPILED_STEP_MAX_QUERY_KEYS = 16384   # keys its multi-token queries may read there (below)
+COMPILED_STEP_MAX_TOKENS = 128        # tokens of a step with multi-token queries run compiled
+COMPILED_STEP_KEYS_PER_QUERY = 12288  # keys its multi-token queries may read there, per query + 1
 """A step with multi-token queries (a short prefill chunk, a prefix-cache hit's remainder, a
 grammar-forced run) runs through the compiled decode graph, one row per token
 (`ModelRunner.prepare`), when it has at most COMPILED_STEP_MAX_TOKENS tokens and its multi-token
-queries read at most COMPILED_STEP_MAX_QUERY_KEYS keys there (each query token reads its whole
-context: sum of query_len x seq_len over those sequences); eager prefill attention reads a
-context once per sequence, so longer queries over long contexts stay eager. Steps of one token
-per sequence always run compiled. Measured on SmolLM2 (int4/bf16, 2-core box, step time eager ->
-compiled): 7 decodes + a 12-token admission over a 1,000-token cached prefix 41.8 -> 34.4 ms,
-7 decodes + a 10-token forced run 36.5 -> 25.4 ms, a 64-token prefill from scratch
-41.2 -> 36.3 ms; but a 32-token chunk after 1,000 cached tokens (32.5k keys) 45.8 -> 54.8 ms."""
+queries read at most COMPILED_STEP_KEYS_PER_QUERY x (1 + their number) keys there: each query
+token reads its whole context there (sum of query_len x seq_len over those sequences), while eager
+prefill attention reads a context once per sequence but pays a fixed cost per sequence; so long
+queries over long contexts stay eager. Steps of one token per sequence always run compiled.
+Measured on SmolLM2 (int4/bf16, 2-core box, in-process step time eager -> compiled):
+7 decodes + a 12-token admission over a 1,000-token cached prefix 41.8 -> 34.4 ms;
+8 forced runs of 11 tokens over 370 (33k keys) 88.4 -> 73.8 ms, over 1,000 (89k keys)
+133.4 -> 134.2 ms; 16 decodes + 8 forced runs of 8 tokens 130.3 -> 76.8 ms; one 40-token chunk
+after 300 cached tokens (12k keys) 42.1 -> 38.6 ms, one of 32 after 1,000 (33k keys)
+54.3 -> 57.9 ms, one of 128 after 300 (55k keys) 108.8 -> 114.2 ms."""
 
 
 def runs_compiled(query_lens: list[int], seq_lens: list[int]) -> bool:
     """Whether a step of these per-sequence query and KV lengths runs as compiled decode rows
     (see COMPILED_STEP_MAX_TOKENS); the caller checks the compiled step is ready and LoRA-free."""
-    if all(q == 1 for q in query_lens):
+    multi = [(q, n) for q, n in zip(query_lens, seq_lens) if q > 1]
+    if not multi:
         return True
-    query_keys = sum(q * n for q, n in zip(query_lens, seq_lens) if q > 1)
-    return sum(query_lens) <= COMPILED_STEP_MAX_TOKENS and query_keys <= COMPILED_STEP_MAX_QUERY_KEYS
+    query_keys = sum(q * n for q, n in multi)
+    return (sum(query_lens) <= COMPILED_STEP_MAX_TOKENS
+            and query_keys <= COMPILED_STEP_KEYS_PER_QUERY * (1 + len(multi)))
 
 
 def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:

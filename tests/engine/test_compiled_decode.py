@@ -139,10 +139,13 @@ def test_engine_outputs_match_eager_with_preemption_and_prefix_hits(compiled_tin
     assert compiled_engine.scheduler.num_preemptions > 0
     again = run_all(compiled_engine, greedy_requests())
     assert again == eager
-    stats = compiled_engine.stats()
+    assert compiled_engine.stats().compiled_steps > 0
+    roomy = make_engine(compiled_tiny)      # both prompts in one step of 140 tokens: eager, then compiled
+    long_prompts = greedy_requests(n_requests=2, prompt_len=70, max_tokens=30)
+    assert run_all(roomy, long_prompts) == run_all(make_engine(compiled_tiny[:2]), long_prompts)
+    stats = roomy.stats()
     assert stats.compiled_steps > 0 and stats.eager_steps > 0
-    assert stats.compiled_steps + stats.eager_steps == compiled_engine.runner.num_compiled_steps + \
-        compiled_engine.runner.num_eager_steps
+    assert stats.compiled_steps + stats.eager_steps == roomy.runner.num_compiled_steps + roomy.runner.num_eager_steps
 
 
 def test_seeded_choices_match_eager(compiled_tiny) -> None:
@@ -259,10 +262,8 @@ def test_a_compiled_step_writes_the_cache_in_place(compiled_tiny) -> None:
 
 def test_warm_up_lets_the_traced_graphs_go(compiled_tiny) -> None:
     """After warm-up no compiled function keeps a handle on its traced GraphModule (the
-    `drop_traced_graphs` attributes), the graphs still serve, and no GraphModule that a compiled
-    function once held is alive."""
-    import gc
-
+    `drop_traced_graphs` attributes, or anything else in its attributes or closure), and the
+    graphs still serve."""
     import engine.compiled_decode as compiled_decode
 
     model, _, compiled = compiled_tiny
@@ -271,12 +272,11 @@ def test_warm_up_lets_the_traced_graphs_go(compiled_tiny) -> None:
     for fn in fns:
         while fn is not None:
             assert not set(vars(fn)) & set(compiled_decode._TRACE_HANDLES)
+            held = [*vars(fn).values(), *(cell.cell_contents for cell in getattr(fn, "__closure__", None) or ())]
+            assert not [value for value in held if isinstance(value, torch.fx.GraphModule)
+                        or isinstance(getattr(value, "__self__", None), torch.fx.GraphModule)]
             fn = getattr(fn, "__wrapped__", None)
     assert compiled_decode.drop_traced_graphs() == 0
-    gc.collect()
-    traced = [gm for gm in gc.get_objects() if isinstance(gm, torch.fx.GraphModule)
-              and any(getattr(ref, "__self__", None) is gm for ref in gc.get_referrers(gm))]
-    assert not traced
     engine = make_engine(compiled_tiny)
     with torch.inference_mode():
         input_ids, positions, meta = decode_step(engine, [5, 9], seed=3)
@@ -290,6 +290,8 @@ def test_which_steps_run_as_compiled_rows() -> None:
 
     assert runs_compiled([1] * 200, [3000] * 200)
     assert runs_compiled([1] * 7 + [12], [601] * 7 + [1012])
+    assert runs_compiled([11] * 8, [381] * 8)                 # 8 forced runs: 34k keys
     assert runs_compiled([COMPILED_STEP_MAX_TOKENS], [COMPILED_STEP_MAX_TOKENS])
     assert not runs_compiled([COMPILED_STEP_MAX_TOKENS + 1], [COMPILED_STEP_MAX_TOKENS + 1])
-    assert not runs_compiled([1, 32], [600, 1032])
+    assert not runs_compiled([1, 32], [600, 1032])            # 33k keys for one query
+    assert not runs_compiled([128], [428])
