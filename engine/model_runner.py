@@ -19,7 +19,7 @@ from lora.manager import LoraManager
 logger = logging.getLogger(__name__)
 
 COMPILED_STEP_MAX_TOKENS = 128        # tokens of a step with multi-token queries run compiled
-COMPILED_STEP_KEYS_PER_QUERY = 12288  # keys its multi-token queries may read there, per query + 1
+COMPILED_STEP_KEYS_PER_QUERY = 12288  # keys those queries may read there: this x (1 + their count)
 """A step with multi-token queries (a short prefill chunk, a prefix-cache hit's remainder, a
 grammar-forced run) runs through the compiled decode graph, one row per token
 (`ModelRunner.prepare`), when it has at most COMPILED_STEP_MAX_TOKENS tokens and its multi-token
@@ -63,8 +63,9 @@ class ModelRunner:
     `lora` (None: LoRA off) gives each sequence's adapter slot for the per-token LoRA batch.
     `compiled` (None: always eager) runs steps without LoRA rows once it is ready, when
     `runs_compiled` says so (every decode-only step, short multi-token ones as one row per
-    token); every other step, and any step it cannot run, runs the eager model. `num_compiled_steps` and
-    `num_eager_steps` count the steps each path ran.
+    token); every other step, and any step it cannot run, runs the eager model (a fallback of an
+    already flattened step runs its one-token rows eagerly, the same attention).
+    `num_compiled_steps` and `num_eager_steps` count the steps each path ran.
     """
 
     def __init__(self, model: Any, arch: Any, device: torch.device, dtype: torch.dtype,
