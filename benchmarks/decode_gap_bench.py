@@ -22,6 +22,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -135,8 +136,14 @@ def main() -> None:
         for n in thread_counts:
             if "served" in modes:
                 threads = ["--num-threads", str(n)] if n else []
+                log = Path(tempfile.mkdtemp(prefix="decode-gap-")) / f"server-t{n}.log"
                 servers[n] = start_server(["--served-model-name", "bench", *threads, *a.server_args.split()],
-                                          timeout_s=300.0)
+                                          log_path=log, timeout_s=300.0)
+        for n, server in servers.items():   # a compiling server serves eager steps until its graphs are in
+            outcome = server.wait_for_compile()
+            if outcome:
+                print(json.dumps({f"compile-t{n}": outcome.split(" - ")[-1]}), file=sys.stderr, flush=True)
+        for n in thread_counts:
             for mode in modes:
                 runners[f"{mode}-t{n}"] = _runner(mode, n or default_threads, engine, servers.get(n), a.max_tokens)
         for name, run in runners.items():

@@ -85,7 +85,8 @@ class AsyncEngine:
         loaded = load_model(config.model, dtype=dtype, device=device, max_model_len=config.max_model_len,
                             quantization=config.quantization, crossover_rows=config.crossover_rows)
         max_model_len = loaded.max_model_len
-        step_threads = (plan_step_threads(num_threads, explicit=config.num_threads is not None)
+        step_threads = (plan_step_threads(num_threads, explicit=config.num_threads is not None,
+                                          leave_api_core=config.leave_api_core)
                         if num_threads is not None else None)
         torch.manual_seed(config.seed)
         engine = LLMEngine(config, loaded.model, loaded.arch, loaded.tokenizer, device, dtype, max_model_len,

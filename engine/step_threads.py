@@ -1,14 +1,17 @@
-"""Torch intra-op threads chosen per step by the step's rows (issue 12 item 5), on CPU.
+"""Torch intra-op threads chosen per step by the step's rows (issue 12 item 5), on CPU: an opt-in rule.
 
 A served step shares the cores with the API thread and, on one machine, the clients. When the
-torch threads take every core, each wake-up of the API thread (every token of every stream)
-deschedules an OpenMP worker and the whole step waits at the next barrier: on this project's
-2-core box, served c=1 ran 44.3 tok/s on 1 thread against 37.7-39.1 on 2 (quiet box, one
-sitting, README), while c=8 was even and c=32 1.2x faster on 2. An in-process timing cannot
-see that cost (the same box timed the projections 1.58x faster on 2 threads at one row), so the
-rule is fixed rather than measured: steps of fewer than SMALL_STEP_ROWS rows leave one core to the
-API thread (every core but one, at least 1), larger steps use every core. As vLLM's CPU backend
-reserves a core for its frontend, but only where the step is small enough to lose by using it.
+torch threads take every core, each wake-up of the API thread (every token of every stream) can
+deschedule an OpenMP worker so that the whole step waits at the next barrier. On one 2-core box
+(AMD EPYC, before inductor's C++ kernels released the GIL, engine/inductor_gil.py) served c=1
+ran 44.3 tok/s on 1 thread against 37.7-39.1 on 2, c=8 the same, c=32 1.2x faster on 2. On
+another (Intel Xeon, avx512_bf16, 2026-12-02, kernels releasing the GIL) the compiled step's
+served c=1 token took 18.9 ms on 2 threads against 23.1 ms on 1 (medians of 3 alternating
+requests, `benchmarks/decode_gap_bench.py --modes served --num-threads 0,2`). So the default
+runs every step on every core, like llama.cpp and vLLM, and this rule is kept behind
+`EngineConfig.leave_api_core` (`serve --leave-api-core`) for machines where it wins: steps of
+fewer than SMALL_STEP_ROWS rows leave one core to the API thread (every core but one, at least
+1), larger steps use every core, as vLLM's CPU backend reserves a core for its frontend.
 `StepThreads` counts the steps run at each thread count (logged at shutdown).
 """
 
@@ -68,11 +71,12 @@ class StepThreads:
                 f"steps by threads {dict(sorted(self.num_steps.items()))}")
 
 
-def plan_step_threads(num_threads: int, explicit: bool) -> StepThreads | None:
-    """The per-step rule for serving on `num_threads` CPU threads: None when the count was given
-    explicitly (`--num-threads` is kept for every step) or is 1, else StepThreads(num_threads,
-    SMALL_STEP_ROWS)."""
-    if explicit or num_threads <= 1:
+def plan_step_threads(num_threads: int, explicit: bool, leave_api_core: bool) -> StepThreads | None:
+    """The per-step rule for serving on `num_threads` CPU threads: StepThreads(num_threads,
+    SMALL_STEP_ROWS) when `leave_api_core` asks for it; None (every step on `num_threads`) when it
+    does not, when the count was given explicitly (`--num-threads` is kept for every step) or
+    when it is 1."""
+    if not leave_api_core or explicit or num_threads <= 1:
         return None
     rule = StepThreads(num_threads, SMALL_STEP_ROWS)
     logger.info("step threads: %d below %d rows, %d from it", rule.small_threads, SMALL_STEP_ROWS, num_threads)

@@ -160,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--num-threads", type=int, default=None,
                        help="torch CPU threads (default: every core this process may use)")
+    serve.add_argument("--leave-api-core", action="store_true",
+                       help="run steps of up to 8 rows on every core but one, leaving it to the API thread "
+                            "(won at c=1 on one 2-core box before the compiled kernels released the GIL, "
+                            "loses on another now); default: every step on every core")
     serve.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=True,
         help="compile the decode step with torch.compile in the background at start-up (CPU; eager "
@@ -249,6 +253,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         enable_prefix_caching=args.enable_prefix_caching,
         seed=args.seed,
         num_threads=args.num_threads,
+        leave_api_core=args.leave_api_core,
         crossover_rows=args.crossover_rows,
         compile_decode=args.compile,
         compile_cache_dir=compile_cache_dir(args.compile_cache_dir, environ) if args.compile else None,

@@ -1,6 +1,6 @@
-"""engine/step_threads.py: the thread count per step follows the step's rows (every core but one
-below the threshold), the engine applies it to every step (prefill rows vs one decode row) and
-counts it, and an explicit --num-threads (or a single thread) turns it off."""
+"""engine/step_threads.py: the opt-in rule (`leave_api_core`) gives each step a thread count by its rows
+(every core but one below the threshold), the engine applies it to every step (prefill rows vs one
+decode row) and counts it; it stays off by default, for an explicit --num-threads and for a single thread."""
 
 from __future__ import annotations
 
@@ -68,8 +68,9 @@ def test_engine_applies_the_rule_to_prefill_and_decode_steps(tiny) -> None:
     assert sum(len(d.token_ids) for out in outputs for d in out.deltas) == max_tokens
 
 
-def test_explicit_or_single_thread_count_turns_the_rule_off() -> None:
-    assert plan_step_threads(2, explicit=True) is None
-    assert plan_step_threads(1, explicit=False) is None
-    rule = plan_step_threads(2, explicit=False)
+def test_the_rule_is_opt_in_and_off_for_an_explicit_or_single_thread_count() -> None:
+    assert plan_step_threads(2, explicit=False, leave_api_core=False) is None
+    assert plan_step_threads(2, explicit=True, leave_api_core=True) is None
+    assert plan_step_threads(1, explicit=False, leave_api_core=True) is None
+    rule = plan_step_threads(2, explicit=False, leave_api_core=True)
     assert rule is not None and (rule.max_threads, rule.all_from_rows) == (2, SMALL_STEP_ROWS)
