@@ -1,4 +1,4 @@
-"""Torch intra-op threads chosen per step by the step's rows (issue 12 item 5), on CPU: an opt-in rule.
+"""Torch intra-op threads chosen per step by the step's rows (issue 12 item 5), on CPU.
 
 A served step shares the cores with the API thread and, on one machine, the clients. When the
 torch threads take every core, each wake-up of the API thread (every token of every stream) can
@@ -7,11 +7,13 @@ deschedule an OpenMP worker so that the whole step waits at the next barrier. On
 ran 44.3 tok/s on 1 thread against 37.7-39.1 on 2, c=8 the same, c=32 1.2x faster on 2. On
 another (Intel Xeon, avx512_bf16, 2026-12-02, kernels releasing the GIL) the compiled step's
 served c=1 token took 18.9 ms on 2 threads against 23.1 ms on 1 (medians of 3 alternating
-requests, `benchmarks/decode_gap_bench.py --modes served --num-threads 0,2`). So the default
-runs every step on every core, like llama.cpp and vLLM, and this rule is kept behind
-`EngineConfig.leave_api_core` (`serve --leave-api-core`) for machines where it wins: steps of
-fewer than SMALL_STEP_ROWS rows leave one core to the API thread (every core but one, at least
-1), larger steps use every core, as vLLM's CPU backend reserves a core for its frontend.
+requests, `benchmarks/decode_gap_bench.py --modes served --num-threads 0,2`), and run_bench's
+c=1 and c=8 ran 1.28x and 1.36x faster. The rule stays the default (`EngineConfig.leave_api_core`;
+`serve --no-leave-api-core` turns it off) until the whole suite has run on every core: measured on
+one box of two kinds, it is not yet a default for both.
+With the rule, steps of fewer than SMALL_STEP_ROWS rows leave one core to the API thread (every
+core but one, at least 1) and larger steps use every core, as vLLM's CPU backend reserves a core
+for its frontend.
 `StepThreads` counts the steps run at each thread count (logged at shutdown).
 """
 
@@ -73,8 +75,8 @@ class StepThreads:
 
 def plan_step_threads(num_threads: int, explicit: bool, leave_api_core: bool) -> StepThreads | None:
     """The per-step rule for serving on `num_threads` CPU threads: StepThreads(num_threads,
-    SMALL_STEP_ROWS) when `leave_api_core` asks for it; None (every step on `num_threads`) when it
-    does not, when the count was given explicitly (`--num-threads` is kept for every step) or
+    SMALL_STEP_ROWS) when `leave_api_core` asks for it (the serving default); None (every step on
+    `num_threads`) when it does not, when the count was given explicitly (`--num-threads` is kept for every step) or
     when it is 1."""
     if not leave_api_core or explicit or num_threads <= 1:
         return None

@@ -160,10 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--num-threads", type=int, default=None,
                        help="torch CPU threads (default: every core this process may use)")
-    serve.add_argument("--leave-api-core", action="store_true",
+    serve.add_argument("--leave-api-core", action=argparse.BooleanOptionalAction, default=True,
                        help="run steps of up to 8 rows on every core but one, leaving it to the API thread "
-                            "(won at c=1 on one 2-core box before the compiled kernels released the GIL, "
-                            "loses on another now); default: every step on every core")
+                            "(the default); --no-leave-api-core runs every step on every core, faster on "
+                            "some machines (engine/step_threads.py)")
     serve.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=True,
         help="compile the decode step with torch.compile in the background at start-up (CPU; eager "

@@ -48,6 +48,10 @@ def test_compiled_step_serves_decodes_and_keeps_the_api_promises(server) -> None
     client = server.client()
     before = _counter(server, "compiled_steps")
     messages = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    # first caches the prompt's blocks, so that the whole answer and the stream below both start from
+    # the same prefix-cache hit: a cold prefill runs the prompt through the bf16 copies, a hit's short
+    # tail through the int4 ones, and on a near-tie that alone can change a greedy answer
+    client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=1)
     whole = client.chat.completions.create(model="smollm2", messages=messages, temperature=0, max_tokens=32)
     streamed = "".join(chunk.choices[0].delta.content or ""
                        for chunk in client.chat.completions.create(model="smollm2", messages=messages,

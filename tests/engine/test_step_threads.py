@@ -1,6 +1,6 @@
-"""engine/step_threads.py: the opt-in rule (`leave_api_core`) gives each step a thread count by its rows
+"""engine/step_threads.py: the rule (`leave_api_core`, on by default) gives each step a thread count by its rows
 (every core but one below the threshold), the engine applies it to every step (prefill rows vs one
-decode row) and counts it; it stays off by default, for an explicit --num-threads and for a single thread."""
+decode row) and counts it; it is off when not asked for, for an explicit --num-threads and for a single thread."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_engine_applies_the_rule_to_prefill_and_decode_steps(tiny) -> None:
     assert sum(len(d.token_ids) for out in outputs for d in out.deltas) == max_tokens
 
 
-def test_the_rule_is_opt_in_and_off_for_an_explicit_or_single_thread_count() -> None:
+def test_the_rule_is_off_unless_asked_and_for_an_explicit_or_single_thread_count() -> None:
     assert plan_step_threads(2, explicit=False, leave_api_core=False) is None
     assert plan_step_threads(2, explicit=True, leave_api_core=True) is None
     assert plan_step_threads(1, explicit=False, leave_api_core=True) is None

@@ -107,7 +107,7 @@ def served():
     the server filled, rather than compiling for minutes again."""
     model, arch, _ = load_model_weights(default_model_path(), torch.float32, torch.device("cpu"),
                                         SERVER_MAX_MODEL_LEN, "auto", COMPILED_CROSSOVER_ROWS)
-    return model, arch, plan_step_threads(available_cores(), explicit=False, leave_api_core=False)
+    return model, arch, plan_step_threads(available_cores(), explicit=False, leave_api_core=True)
 
 
 def _clear_argmax(eager: torch.Tensor) -> torch.Tensor:
