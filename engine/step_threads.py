@@ -9,8 +9,8 @@ another (Intel Xeon, avx512_bf16, 2026-12-02, kernels releasing the GIL) the com
 served c=1 token took 18.9 ms on 2 threads against 23.1 ms on 1 (medians of 3 alternating
 requests, `benchmarks/decode_gap_bench.py --modes served --num-threads 0,2`), and run_bench's
 c=1 and c=8 ran 1.28x and 1.36x faster. The rule stays the default (`EngineConfig.leave_api_core`;
-`serve --no-leave-api-core` turns it off) until the whole suite has run on every core: measured on
-one box of two kinds, it is not yet a default for both.
+`serve --no-leave-api-core` turns it off) until the whole suite has run on every core and a box of the
+other kind has been measured again.
 With the rule, steps of fewer than SMALL_STEP_ROWS rows leave one core to the API thread (every
 core but one, at least 1) and larger steps use every core, as vLLM's CPU backend reserves a core
 for its frontend.
@@ -76,8 +76,8 @@ class StepThreads:
 def plan_step_threads(num_threads: int, explicit: bool, leave_api_core: bool) -> StepThreads | None:
     """The per-step rule for serving on `num_threads` CPU threads: StepThreads(num_threads,
     SMALL_STEP_ROWS) when `leave_api_core` asks for it (the serving default); None (every step on
-    `num_threads`) when it does not, when the count was given explicitly (`--num-threads` is kept for every step) or
-    when it is 1."""
+    `num_threads`) when it does not, when the count was given explicitly (`--num-threads` is kept
+    for every step) or when it is 1."""
     if not leave_api_core or explicit or num_threads <= 1:
         return None
     rule = StepThreads(num_threads, SMALL_STEP_ROWS)
