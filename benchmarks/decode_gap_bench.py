@@ -132,11 +132,12 @@ def main() -> None:
     default_threads = torch.get_num_threads() if engine is not None else None
     servers = {}
     runners = {}
+    logs = tempfile.TemporaryDirectory(prefix="decode-gap-")   # the servers' logs: wait_for_compile reads them
     try:
         for n in thread_counts:
             if "served" in modes:
                 threads = ["--num-threads", str(n)] if n else []
-                log = Path(tempfile.mkdtemp(prefix="decode-gap-")) / f"server-t{n}.log"
+                log = Path(logs.name) / f"server-t{n}.log"
                 servers[n] = start_server(["--served-model-name", "bench", *threads, *a.server_args.split()],
                                           log_path=log, timeout_s=300.0)
         for n, server in servers.items():   # a compiling server serves eager steps until its graphs are in
@@ -155,6 +156,7 @@ def main() -> None:
                 print(json.dumps({name: rounds[name][-1]}), file=sys.stderr, flush=True)
     finally:
         stop_servers(*servers.values(), timeout_s=60.0)
+        logs.cleanup()
     figures: dict[str, object] = {"switch_interval": a.switch_interval, "server_args": a.server_args,
                                   "load_avg": os.getloadavg()}
     for name in runners:
