@@ -73,6 +73,21 @@ def _check_schema(schema: Any, spec: GrammarSpec, where: str) -> None:
     _refuse_lookaround(schema, spec, where)
 
 
+def _decoded_vocab(tokenizer_info: Any) -> list[bytes]:
+    """Each token id's bytes, as `xgr.TokenizerInfo.decoded_vocab`, read in one FFI call.
+
+    The public property iterates the FFI array with about three calls per token, each of which
+    gives up the GIL: with another thread busy in Python (an engine stepping while the first
+    grammar compiles) each retake waits for the switch interval, and 49,152 tokens took over 30 s.
+    One slice of the array is a single call (~0.1 s).
+    """
+    handle = getattr(tokenizer_info, "_handle", None)
+    if handle is None:
+        return list(tokenizer_info.decoded_vocab)
+    array = handle.decoded_vocab()
+    return [bytes(token) for token in array[0:len(array)]]
+
+
 class XGrammarBackend(GrammarBackend):
     """xgrammar adapter: EBNF and Lark grammars, JSON schema, regex, choice, structural tags.
 
@@ -98,7 +113,7 @@ class XGrammarBackend(GrammarBackend):
             self._tokenizer_info, max_threads=_COMPILE_THREADS, cache_enabled=False, enable_dynamic_compilation=True
         )
         self._batch = xgr.BatchGrammarMatcher()
-        self._decoded_vocab: list[bytes] = self._tokenizer_info.decoded_vocab
+        self._decoded_vocab = _decoded_vocab(self._tokenizer_info)
         self._compilers: dict[GrammarKind, Callable[[GrammarSpec], Any]] = {
             GrammarKind.JSON_SCHEMA: self._compile_json,
             GrammarKind.JSON_OBJECT: self._compile_json,
