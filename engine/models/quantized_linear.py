@@ -25,7 +25,7 @@ from torch import nn
 from engine.models.int8_row_product import int8_row_product
 from engine.models.onednn_linear import onednn_linear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
-from engine.models.weight_format import WeightFormat
+from engine.models.weight_format import WeightFormat, onednn_bf16_supported
 
 PACK_BATCH_HINT = 32    # rows oneDNN's reorder is tuned for; any row count works with the copy
 _INT4_ROW_MULTIPLE = 16  # `_convert_weight_to_int4pack_for_cpu` needs out_features divisible by 16
@@ -43,7 +43,8 @@ class QuantizedLinear(nn.Module):
     every row count runs the same weights. `bias` `[out]` or None is kept in `dtype`. `device`
     holds the copies; INT4/INT8/BF16/FP32 need a CPU. `int8`: the INT8 copy already quantized from
     `weight` (its qvals tensor is then shared, e.g. with a tied embedding). Raises ValueError for
-    INT4 with in_features not a multiple of 32, for a format off CPU, or for a quantized `large`.
+    INT4 with in_features not a multiple of 32, for a format off CPU, for a quantized `large`, or
+    for BF16 on a CPU whose oneDNN has no bf16 linear (`onednn_bf16_supported`: AVX2-only CPUs).
     """
 
     def __init__(self, weight: SourceWeight, bias: torch.Tensor | None, small: WeightFormat | None,
@@ -54,6 +55,9 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"small copy must be int4/int8 and large copy float, got {small} / {large}")
         if device.type != "cpu" and (small is not None or large is not WeightFormat.DENSE):
             raise ValueError(f"weight formats other than dense run on CPU only (device {device})")
+        if large is WeightFormat.BF16 and not onednn_bf16_supported():
+            raise ValueError("the bf16 copy needs oneDNN's bf16 linear, which this CPU lacks (it needs "
+                             "avx512bw/vl/dq or avx_ne_convert); hold the large copy in fp32")
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.small, self.large = small, large
         self.crossover_rows = crossover_rows if small is not None else 0

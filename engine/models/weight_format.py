@@ -60,6 +60,12 @@ def cpu_has_native_bf16(flags: frozenset[str] | None = None) -> bool:
     return bool((cpu_flags() if flags is None else flags) & NATIVE_BF16_FLAGS)
 
 
+def onednn_bf16_supported() -> bool:
+    """True when oneDNN can reorder and multiply bf16 weights on this CPU at all (avx512bw/vl/dq or
+    avx_ne_convert; emulated without avx512_bf16). On AVX2-only CPUs its bf16 linear refuses to run."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def large_batch_format(device: torch.device, dtype: torch.dtype, quantized: bool, native_bf16: bool) -> WeightFormat:
     """The format of the copy that serves many rows (prefill, big decode batches).
 

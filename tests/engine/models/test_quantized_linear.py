@@ -18,12 +18,24 @@ from engine.gguf_blocks import unpack_blocks
 from engine.models.int8_row_product import int8_row_product
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import Int4Groups, Int8Channels, cat_rows
-from engine.models.weight_format import WeightFormat, cpu_flags, cpu_has_native_bf16, large_batch_format
+from engine.models.weight_format import (
+    WeightFormat,
+    cpu_flags,
+    cpu_has_native_bf16,
+    large_batch_format,
+    onednn_bf16_supported,
+)
 from tests.conftest import smollm2_gguf
 
 CPU = torch.device("cpu")
-SMALL_LARGE = [(WeightFormat.INT4, WeightFormat.BF16), (WeightFormat.INT8, WeightFormat.BF16),
-               (WeightFormat.INT4, WeightFormat.FP32), (None, WeightFormat.FP32), (None, WeightFormat.DENSE)]
+# oneDNN's bf16 linear does not run on AVX2-only CPUs (QuantizedLinear refuses BF16 there)
+NEEDS_ONEDNN_BF16 = pytest.mark.skipif(not onednn_bf16_supported(), reason="this CPU has no oneDNN bf16 linear")
+SMALL_LARGE = [pytest.param(WeightFormat.INT4, WeightFormat.BF16, marks=NEEDS_ONEDNN_BF16),
+               pytest.param(WeightFormat.INT8, WeightFormat.BF16, marks=NEEDS_ONEDNN_BF16),
+               (WeightFormat.INT4, WeightFormat.FP32), (WeightFormat.INT8, WeightFormat.FP32),
+               (None, WeightFormat.FP32), (None, WeightFormat.DENSE)]
+# the large copy a quantized float32 model is served with on this CPU (BF16 with native bf16, else FP32)
+SERVED_LARGE = large_batch_format(CPU, torch.float32, quantized=True, native_bf16=cpu_has_native_bf16())
 
 
 def bf16(t: torch.Tensor) -> torch.Tensor:
@@ -55,7 +67,7 @@ def test_q4_1_blocks_unpack_exactly(smollm2_q4_1) -> None:
 
 def test_int4_pack_reproduces_the_files_q4_1_weights(smollm2_q4_1) -> None:
     groups, reference = smollm2_q4_1
-    proj = QuantizedLinear(groups, None, WeightFormat.INT4, WeightFormat.BF16, 1, torch.float32, CPU)
+    proj = QuantizedLinear(groups, None, WeightFormat.INT4, SERVED_LARGE, 1, torch.float32, CPU)
     eye = torch.eye(proj.in_features)
     recovered = proj.small_product(eye).t()      # [out, in]: the weight the kernel multiplies by
     # the kernel's weight: (q - 8) * bf16(d) + bf16(m + 8d), its bf16 output rounded once more
@@ -138,6 +150,17 @@ def test_bad_format_combinations_are_refused() -> None:
         QuantizedLinear(torch.randn(16, 32), None, WeightFormat.BF16, WeightFormat.FP32, 1, torch.float32, CPU)
 
 
+def test_a_bf16_copy_is_refused_plainly_where_onednn_has_no_bf16_linear() -> None:
+    """On AVX2-only CPUs oneDNN's bf16 reorder fails deep inside torch; the constructor says why first."""
+    if onednn_bf16_supported():
+        proj = QuantizedLinear(torch.randn(16, 32), None, None, WeightFormat.BF16, 0, torch.float32, CPU)
+        assert set(proj.resident_bytes()) == {"bf16"}
+    else:
+        with pytest.raises(ValueError, match="needs oneDNN's bf16 linear"):
+            QuantizedLinear(torch.randn(16, 32), None, None, WeightFormat.BF16, 0, torch.float32, CPU)
+    assert not cpu_has_native_bf16() or onednn_bf16_supported()   # never served a format it cannot run
+
+
 def test_large_format_follows_the_cpu() -> None:
     assert large_batch_format(CPU, torch.float32, quantized=True, native_bf16=True) is WeightFormat.BF16
     assert large_batch_format(CPU, torch.float32, quantized=True, native_bf16=False) is WeightFormat.FP32
@@ -151,7 +174,7 @@ def test_large_format_follows_the_cpu() -> None:
 def test_forward_traces_into_one_graph_per_side_of_the_crossover() -> None:
     """The compiled decode step's contract: dynamo traces forward without graph breaks, with
     dynamic row counts, and the compiled result equals eager on both copies."""
-    proj = QuantizedLinear(torch.randn(64, 64), torch.randn(64), WeightFormat.INT4, WeightFormat.BF16, 4,
+    proj = QuantizedLinear(torch.randn(64, 64), torch.randn(64), WeightFormat.INT4, SERVED_LARGE, 4,
                            torch.float32, CPU)
     compiled = torch.compile(proj, backend="eager", fullgraph=True, dynamic=True)
     for rows in (1, 3, 9, 17):
@@ -164,7 +187,7 @@ def test_an_int8_projection_of_one_row_compiles_to_the_fused_loop_and_matches_th
     loop after a norm gives the weight's product within bf16 rounding of its input, like the
     kernel; the one-row path is taken only under compile and only for a literal row count of 1
     (a dynamic row count keeps the kernel)."""
-    proj = QuantizedLinear(torch.randn(96, 64), None, WeightFormat.INT8, WeightFormat.BF16, 8, torch.float32, CPU)
+    proj = QuantizedLinear(torch.randn(96, 64), None, WeightFormat.INT8, SERVED_LARGE, 8, torch.float32, CPU)
     held = proj.int8_weight.float() * proj.int8_scales.float()[:, None]
     norm_weight = torch.rand(64) + 0.5
 
