@@ -17,6 +17,10 @@ import pytest
 from tests.conftest import COMPILED_CROSSOVER_ROWS
 from tests.e2e.conftest import start_server, stop_server
 
+# the first test's setup waits for the server's background compile: from a cold on-disk cache on a
+# 2-core AVX2 box that took more than the suite's default 600 s (seconds from a warm one)
+pytestmark = pytest.mark.timeout(1500)
+
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
           "required": ["city", "days"], "additionalProperties": False}
 TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
