@@ -41,7 +41,7 @@ def server(tmp_path_factory):
     on-disk cache (the default --compile-cache-dir, so warm from an earlier run of the suite) served."""
     srv = start_server(tmp_path_factory.mktemp("compiled"), "--compile", "--crossover-rows", str(COMPILED_CROSSOVER_ROWS))
     try:
-        outcome = srv.wait_for_compile()
+        outcome = srv.wait_for_compile(timeout_s=1400)
         assert "compiled decode step ready" in outcome and "on-disk cache" in outcome, srv.log()[-4000:]
         yield srv
     finally:
