@@ -98,3 +98,16 @@ def test_new_matcher_rejects_other_backend(backends):
     compiled = backends["xgrammar"].compile(GrammarSpec(K.REGEX, "a+"))
     with pytest.raises(ValueError):
         backends["guidance"].new_matcher(compiled)
+
+
+def test_xgrammar_reads_each_tokens_bytes_as_xgrammar_decodes_them(backends):
+    """The backend reads xgrammar's decoded vocabulary in one FFI call (the public property makes
+    three per token and gave up the GIL on each: over 30 s beside a stepping engine); the bytes must
+    be exactly the property's, token for token (SmolLM2: byte-level BPE, special tokens as text)."""
+    from constrained.xgrammar_backend import _decoded_vocab
+
+    info = backends["xgrammar"]._tokenizer_info
+    read = _decoded_vocab(info)
+    assert read == [bytes(token) for token in info.decoded_vocab]
+    assert all(type(token) is bytes for token in read) and len(read) >= 49152
+    assert read[2] == b"<|im_end|>" and b" the" in read
