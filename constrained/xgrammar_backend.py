@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,8 @@ from constrained.spec import FIXED_LAYOUT_SEPARATORS, MAX_JSON_WHITESPACE, Gramm
 from constrained.structural_tag import ANSWER_POINTER, StructuralTag, parse_structural_tag, schema_pointer
 from constrained.vocab import VocabInfo
 from constrained.xgrammar_keywords import XGRAMMAR_RULES
+
+logger = logging.getLogger(__name__)
 
 # xgrammar threads per compile (token-mask cache); the GrammarCompiler pool adds compile-level parallelism.
 _COMPILE_THREADS = 2
@@ -74,18 +77,22 @@ def _check_schema(schema: Any, spec: GrammarSpec, where: str) -> None:
 
 
 def _decoded_vocab(tokenizer_info: Any) -> list[bytes]:
-    """Each token id's bytes, as `xgr.TokenizerInfo.decoded_vocab`, read in one FFI call.
+    """Each token id's bytes, equal to `xgr.TokenizerInfo.decoded_vocab`, read in one FFI call.
 
-    The public property iterates the FFI array with about three calls per token, each of which
-    gives up the GIL: with another thread busy in Python (an engine stepping while the first
-    grammar compiles) each retake waits for the switch interval, and 49,152 tokens took over 30 s.
-    One slice of the array is a single call (~0.1 s).
+    The public property (and slices of the FFI array behind it) fetch each of the 49,152 tokens
+    with FFI calls that give up the GIL: with another thread busy in Python (an engine stepping
+    while the first grammar compiles) each retake waits for the switch interval, and the read took
+    over 20 s. `serialize_json` is one call (~0.07 s); xgrammar writes each byte of a token there as
+    the code point of the same value (U+0000-U+00FF), so latin-1 gives the bytes back. Should a
+    later xgrammar write anything else, the property is read instead (slow under contention, never
+    wrong).
     """
-    handle = getattr(tokenizer_info, "_handle", None)
-    if handle is None:
-        return list(tokenizer_info.decoded_vocab)
-    array = handle.decoded_vocab()
-    return [bytes(token) for token in array[0:len(array)]]
+    serialized = json.loads(tokenizer_info.serialize_json())
+    try:
+        return [text.encode("latin-1") for text in serialized["decoded_vocab"]]
+    except (KeyError, TypeError, UnicodeEncodeError):
+        logger.warning("xgrammar's serialized tokenizer info has another layout; reading decoded_vocab per token")
+        return [bytes(token) for token in tokenizer_info.decoded_vocab]
 
 
 class XGrammarBackend(GrammarBackend):

@@ -101,9 +101,9 @@ def test_new_matcher_rejects_other_backend(backends):
 
 
 def test_xgrammar_reads_each_tokens_bytes_as_xgrammar_decodes_them(backends):
-    """The backend reads xgrammar's decoded vocabulary in one FFI call (the public property makes
-    three per token and gave up the GIL on each: over 30 s beside a stepping engine); the bytes must
-    be exactly the property's, token for token (SmolLM2: byte-level BPE, special tokens as text)."""
+    """The backend reads xgrammar's decoded vocabulary from one FFI call (its serialized JSON); the
+    bytes must be exactly the public property's, token for token (SmolLM2: byte-level BPE, special
+    tokens as text, every single byte 0x00-0xFF among them)."""
     from constrained.xgrammar_backend import _decoded_vocab
 
     info = backends["xgrammar"]._tokenizer_info
@@ -111,3 +111,35 @@ def test_xgrammar_reads_each_tokens_bytes_as_xgrammar_decodes_them(backends):
     assert read == [bytes(token) for token in info.decoded_vocab]
     assert all(type(token) is bytes for token in read) and len(read) >= 49152
     assert read[2] == b"<|im_end|>" and b" the" in read
+    assert "\u00e9".encode() in read and b"\xc3" in read     # a whole UTF-8 character and a lone byte
+
+
+def test_xgrammar_vocabulary_read_does_not_wait_on_a_busy_python_thread(backends):
+    """Beside a thread busy in Python (an engine stepping while the first grammar compiles), the
+    read finishes in about its idle time: per-token FFI calls each gave up the GIL and waited a
+    switch interval to retake it, and the read took over 20 s (0.1 s idle), past the 30 s compile
+    timeout on a slower machine. The bound, 5 s, is 50x the read's idle time."""
+    import threading
+    import time
+
+    from constrained.xgrammar_backend import _decoded_vocab
+
+    info = backends["xgrammar"]._tokenizer_info
+    done, running = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        running.set()
+        while not done.is_set():
+            pass
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    running.wait()
+    try:
+        start = time.perf_counter()
+        read = _decoded_vocab(info)
+        seconds = time.perf_counter() - start
+    finally:
+        done.set()
+        thread.join()
+    assert len(read) >= 49152 and seconds < 5.0, seconds
