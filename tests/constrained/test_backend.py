@@ -103,7 +103,7 @@ def test_new_matcher_rejects_other_backend(backends):
 def test_xgrammar_reads_each_tokens_bytes_as_xgrammar_decodes_them(backends):
     """The backend reads xgrammar's decoded vocabulary from one FFI call (its serialized JSON); the
     bytes must be exactly the public property's, token for token (SmolLM2: byte-level BPE, special
-    tokens as text, every single byte 0x00-0xFF among them)."""
+    tokens as text, multi-byte characters and lone bytes of them)."""
     from constrained.xgrammar_backend import _decoded_vocab
 
     info = backends["xgrammar"]._tokenizer_info
