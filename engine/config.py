@@ -33,7 +33,7 @@ class EngineConfig:
         machine whose load makes the measurement vary.
     num_threads: torch intra-op threads on CPU; None = every core the process may use (engine/threads.py).
     leave_api_core: run steps of fewer than SMALL_STEP_ROWS rows on every core but one, leaving it
-        to the API thread (engine/step_threads.py; the default); False runs every step on every core.
+        to the API thread (engine/step_threads.py); False (the default) runs every step on every core.
         Ignored when `num_threads` is given.
     long_prefill_token_threshold: most prompt tokens one sequence prefills per step (vLLM's flag of
         that name), so a long prompt cannot hold a step, and an abort, for seconds; 0 = no cap,
@@ -68,7 +68,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     num_threads: int | None = None
-    leave_api_core: bool = True
+    leave_api_core: bool = False
     crossover_rows: int | None = None
     chat_template: str | None = None
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS

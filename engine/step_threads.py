@@ -8,9 +8,14 @@ ran 44.3 tok/s on 1 thread against 37.7-39.1 on 2, c=8 the same, c=32 1.2x faste
 another (Intel Xeon, avx512_bf16, 2026-12-02, kernels releasing the GIL) the compiled step's
 served c=1 token took 18.9 ms on 2 threads against 23.1 ms on 1 (medians of 3 alternating
 requests, `benchmarks/decode_gap_bench.py --modes served --num-threads 0,2`), and run_bench's
-c=1 and c=8 ran 1.28x and 1.36x faster. The rule stays the default (`EngineConfig.leave_api_core`;
-`serve --no-leave-api-core` turns it off) until the whole suite has run on every core and a box of the
-other kind has been measured again.
+c=1 and c=8 ran 1.28x and 1.36x faster. On a second box of that kind (Intel Xeon, avx512_bf16 and
+AMX, 2026-12-05, `run_bench --loads plain_c1,plain_c8 --server-args "--kv-cache-memory 512MiB"`,
+medians of 3, the two settings alternating twice) every core ran c=1 at 88.4 and 100.2 tok/s
+against 75.0 and 75.2, c=8 at 271.8 and 292.9 against 231.1 and 229.4 (1.18-1.33x). So every
+step runs on every core by default, as issue 12 asks and as llama.cpp and vLLM do
+(`EngineConfig.leave_api_core` False); `serve --leave-api-core` turns the rule on, for a box
+where the API thread's wake-ups cost more than a core (the AMD figures above predate the GIL
+release and have not been measured again).
 With the rule, steps of fewer than SMALL_STEP_ROWS rows leave one core to the API thread (every
 core but one, at least 1) and larger steps use every core, as vLLM's CPU backend reserves a core
 for its frontend.
@@ -75,7 +80,7 @@ class StepThreads:
 
 def plan_step_threads(num_threads: int, explicit: bool, leave_api_core: bool) -> StepThreads | None:
     """The per-step rule for serving on `num_threads` CPU threads: StepThreads(num_threads,
-    SMALL_STEP_ROWS) when `leave_api_core` asks for it (the serving default); None (every step on
+    SMALL_STEP_ROWS) when `leave_api_core` asks for it (`serve --leave-api-core`); None (every step on
     `num_threads`) when it does not, when the count was given explicitly (`--num-threads` is kept
     for every step) or when it is 1."""
     if not leave_api_core or explicit or num_threads <= 1:

@@ -160,10 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--num-threads", type=int, default=None,
                        help="torch CPU threads (default: every core this process may use)")
-    serve.add_argument("--leave-api-core", action=argparse.BooleanOptionalAction, default=True,
+    serve.add_argument("--leave-api-core", action=argparse.BooleanOptionalAction, default=False,
                        help="run steps of up to 8 rows on every core but one, leaving it to the API thread "
-                            "(the default); --no-leave-api-core runs every step on every core, faster on "
-                            "some machines (engine/step_threads.py)")
+                            "(engine/step_threads.py); off by default: every step runs on every core")
     serve.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=True,
         help="compile the decode step with torch.compile in the background at start-up (CPU; eager "

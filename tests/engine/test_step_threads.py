@@ -1,4 +1,4 @@
-"""engine/step_threads.py: the rule (`leave_api_core`, on by default) gives each step a thread count by its rows
+"""engine/step_threads.py: the rule (`leave_api_core`, off by default: `serve --leave-api-core`) gives each step a thread count by its rows
 (every core but one below the threshold), the engine applies it to every step (prefill rows vs one
 decode row) and counts it; it is off when not asked for, for an explicit --num-threads and for a single thread."""
 

@@ -16,8 +16,9 @@ import torch
 from paged_batch import PagedBatch
 
 from engine.compiled_decode import CompiledDecode
+from engine.config import EngineConfig
 from engine.model_loader import LoadedModel, default_model_path, load_model_weights
-from engine.step_threads import plan_step_threads
+from engine.step_threads import StepThreads, plan_step_threads
 from engine.threads import available_cores
 from tests.conftest import COMPILED_CROSSOVER_ROWS, SERVER_MAX_MODEL_LEN, smollm2_gguf
 
@@ -107,7 +108,8 @@ def served():
     the server filled, rather than compiling for minutes again."""
     model, arch, _ = load_model_weights(default_model_path(), torch.float32, torch.device("cpu"),
                                         SERVER_MAX_MODEL_LEN, "auto", COMPILED_CROSSOVER_ROWS)
-    return model, arch, plan_step_threads(available_cores(), explicit=False, leave_api_core=True)
+    rule = plan_step_threads(available_cores(), explicit=False, leave_api_core=EngineConfig.leave_api_core)
+    return model, arch, rule
 
 
 def _clear_argmax(eager: torch.Tensor) -> torch.Tensor:
@@ -127,6 +129,17 @@ def test_compiled_decode_matches_eager(served, loaded: LoadedModel) -> None:
     rounds to bf16, engine/models/int8_row_product.py); top-1 equal wherever the eager lead is
     at least MIN_CLEAR_MARGIN (observed: every row)."""
     model, arch, rule = served
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(available_cores())     # the server's count (engine/threads.py), else the rule's
+    try:
+        _compare_compiled_with_eager(model, arch, rule, loaded)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _compare_compiled_with_eager(model, arch, rule: StepThreads | None, loaded: LoadedModel) -> None:
+    """test_compiled_decode_matches_eager's body, on the threads the server's engine thread would
+    use: `rule`'s count per step, or every usable core for every step when `rule` is None."""
     threads_for = rule.threads_for if rule is not None else None
     scratch = 80
     eager_batch, compiled_batch = (PagedBatch(arch, num_blocks=scratch + 1, block_size=16) for _ in range(2))
