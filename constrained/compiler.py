@@ -54,7 +54,7 @@ class GrammarConfig:
 
     `default_backend`: "auto" (see AUTO_ORDER) or a registry name; used when a spec names none.
     `compile_timeout_s`: wall seconds one compile may run before its future fails with
-    GrammarCompileTimeout. `max_workers`: compile threads. `max_cache_entries`: LRU bound.
+    GrammarCompileTimeout (a backend's one-time build, on first use, is not counted). `max_workers`: compile threads. `max_cache_entries`: LRU bound.
     Raises GrammarConfigError on invalid values.
     """
 
@@ -196,7 +196,11 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _compile_timed(self, spec: GrammarSpec, choice: str, future: Future[CompiledGrammar]) -> CompiledGrammar:
-        # The timer starts when a worker picks the spec up: it bounds compile time, not queueing.
+        # The timer starts when a worker picks the spec up and the backends are built: it bounds
+        # compile time, not queueing, nor a backend's one-time build (reading the vocabulary: ~1 s,
+        # far more on a slow or busy machine; a server builds them at start-up, `warm_up`).
+        for name in AUTO_ORDER if choice == "auto" else (choice,):
+            self.get_backend(name)
         timer = threading.Timer(self.config.compile_timeout_s, self._expire, (spec, future))
         timer.daemon = True
         timer.start()

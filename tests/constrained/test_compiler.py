@@ -151,6 +151,24 @@ def test_timeout_then_late_result_replaces_cache_entry(vocab_info):
     compiler.close()
 
 
+class SlowBuildBackend(FakeBackend):
+    """A backend whose one-time build takes longer than the compile timeout below, as a real one
+    reading a 49k-token vocabulary can on a slow or busy machine; its compiles are instant."""
+
+    def __init__(self, vocab_info) -> None:
+        time.sleep(0.6)
+        super().__init__(vocab_info, "slowbuild")
+
+
+def test_the_compile_timeout_does_not_count_a_backends_one_time_build(vocab_info, monkeypatch):
+    monkeypatch.setitem(GRAMMAR_BACKENDS, "slowbuild", f"{__name__}:SlowBuildBackend")
+    compiler = GrammarCompiler(vocab_info, GrammarConfig(compile_timeout_s=0.3))
+    compiled = compiler.submit(GrammarSpec(K.REGEX, "a+", backend="slowbuild")).result(timeout=5)
+    assert compiled.backend == "slowbuild"
+    assert compiler.stats().num_timeouts == 0 and compiler.get_backend("slowbuild").calls == 1
+    compiler.close()
+
+
 def test_lru_bound(vocab_info):
     compiler = fake_compiler(vocab_info, GrammarConfig(max_cache_entries=2))
     specs = [GrammarSpec(K.REGEX, s) for s in ("a", "b", "c")]
