@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.models.int8_row_product import int8_row_product, row_loop_is_faster
 from engine.models.onednn_linear import onednn_linear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
 from engine.models.weight_format import WeightFormat, onednn_bf16_supported
@@ -100,10 +99,6 @@ class QuantizedLinear(nn.Module):
             if y.shape[1] != self.out_features:   # rows padded for the packing
                 y = y[:, :self.out_features].contiguous()
         elif self.int8_weight is not None:
-            if (type(x.shape[0]) is int and x.shape[0] == 1 and torch.compiler.is_compiling()
-                    and row_loop_is_faster()):
-                # the compiled one-sequence graph (its row count is a plain 1): a fused loop
-                return int8_row_product(xb, self.int8_weight, self.int8_scales).to(x.dtype)
             y = torch.ops.aten._weight_int8pack_mm(xb, self.int8_weight, self.int8_scales)
         else:
             raise RuntimeError("this projection holds no int4/int8 copy")

@@ -125,8 +125,7 @@ def test_compiled_decode_matches_eager(served, loaded: LoadedModel) -> None:
     9 and more on the bf16 copies, on the server's thread counts) against the same model's eager
     forward, teacher-forced from the same prefill in two caches with the same block layout: 4
     steps of 9 sequences, 8 of 2, then 6 of 1. Logits within MAX_COMPILED_DIFF (bf16 rounding at
-    other points; the one-sequence graph's int8 head also sums in float32 where the eager kernel
-    rounds to bf16, engine/models/int8_row_product.py); top-1 equal wherever the eager lead is
+    other points); top-1 equal wherever the eager lead is
     at least MIN_CLEAR_MARGIN (observed: every row)."""
     model, arch, rule = served
     previous_threads = torch.get_num_threads()

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.gguf_blocks import unpack_blocks
-from engine.models.int8_row_product import int8_row_product
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import Int4Groups, Int8Channels, cat_rows
 from engine.models.weight_format import (
@@ -182,16 +181,12 @@ def test_forward_traces_into_one_graph_per_side_of_the_crossover() -> None:
         torch.testing.assert_close(compiled(x), proj(x), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("loop_faster", [True, False], ids=["avx512-loop", "avx2-kernel"])
-def test_an_int8_projection_of_one_row_compiles_to_the_fused_loop_where_it_is_faster(monkeypatch, loop_faster) -> None:
-    """The compiled one-sequence graph's LM head (engine/models/int8_row_product.py): where the
-    loop is faster (AVX-512), inductor's loop after a norm gives the weight's product within bf16
-    rounding of its input, like the kernel; the one-row path is taken only under compile and only
-    for a literal row count of 1 (a dynamic row count keeps the kernel). Where it is slower (AVX2),
-    the one-row graph keeps the kernel too."""
-    import engine.models.int8_row_product as row_product
-
-    monkeypatch.setattr(row_product, "_ROW_LOOP_FASTER", loop_faster)
+def test_an_int8_projection_compiles_to_the_kernel_for_one_row_and_for_many() -> None:
+    """The compiled one-sequence graph's LM head: after a norm, one row (a literal row count of 1)
+    and a dynamic row count both call `_weight_int8pack_mm` and give the weight's product within
+    bf16 rounding of its input, as eager does. (A fused inductor loop for one row was dropped on
+    2026-12-05: on an Intel avx512_bf16/AMX box it lost to the kernel at 1 and 2 threads, and the
+    one-sequence forward ran 9.1-9.4 ms with the kernel against 9.8-10.3 ms with the loop.)"""
     proj = QuantizedLinear(torch.randn(96, 64), None, WeightFormat.INT8, SERVED_LARGE, 8, torch.float32, CPU)
     held = proj.int8_weight.float() * proj.int8_scales.float()[:, None]
     norm_weight = torch.rand(64) + 0.5
@@ -202,27 +197,20 @@ def test_an_int8_projection_of_one_row_compiles_to_the_fused_loop_where_it_is_fa
     def head(h: torch.Tensor) -> torch.Tensor:
         return proj(normed(h))
 
-    h = torch.randn(1, 64)
-    expected = bf16(normed(h)) @ held.T
-    assert relative_error(head(h), expected) < 1e-2                          # eager: _weight_int8pack_mm
-    torch._dynamo.reset()
-    assert relative_error(torch.compile(head, dynamic=False, fullgraph=True)(h), expected) < 1e-2
     graphs: list[str] = []
 
     def keep_graph(gm: torch.fx.GraphModule, _inputs) -> torch.fx.GraphModule:
         graphs.append(str(gm.graph))
         return gm
 
+    for rows, dynamic in ((1, False), (3, True)):
+        h = torch.randn(rows, 64)
+        expected = bf16(normed(h)) @ held.T
+        assert relative_error(head(h), expected) < 1e-2                      # eager
+        torch._dynamo.reset()
+        assert relative_error(torch.compile(head, dynamic=dynamic, fullgraph=True)(h), expected) < 1e-2
+        torch._dynamo.reset()
+        torch.compile(head, backend=keep_graph, dynamic=dynamic, fullgraph=True)(h)
     torch._dynamo.reset()
-    torch.compile(head, backend=keep_graph, dynamic=False, fullgraph=True)(h)
-    torch._dynamo.reset()
-    torch.compile(head, backend=keep_graph, dynamic=True, fullgraph=True)(torch.randn(3, 64))
-    torch._dynamo.reset()
-    if loop_faster:
-        assert "structserve.materialize" in graphs[0] and "_weight_int8pack_mm" not in graphs[0]
-    else:
-        assert "_weight_int8pack_mm" in graphs[0] and "materialize" not in graphs[0]
-    assert "_weight_int8pack_mm" in graphs[1] and "materialize" not in graphs[1]
-    with pytest.raises(ValueError, match="one row"):
-        int8_row_product(torch.randn(2, 64, dtype=torch.bfloat16), proj.int8_weight, proj.int8_scales)
+    assert len(graphs) == 2 and all("_weight_int8pack_mm" in graph for graph in graphs)
 
