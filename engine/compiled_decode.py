@@ -36,9 +36,10 @@ tells the graphs apart stays guarded: the inputs' shapes, dtypes and strides, an
 On-disk caches: the weights are plain graph inputs (no `freezing`; the oneDNN-reordered copies go
 through engine/models/onednn_linear.py's operator), so AOTAutograd's cache and inductor's FX graph
 cache hold the lowered graphs, keyed by the graph and the inputs' shapes, dtypes and strides, not
-by the weights' values. A second start of the same model with the same `cache_dir` (and the same
-crossover regimes: `EngineConfig.crossover_rows` pins them) only traces the model with dynamo and
-loads the rest. `freezing=True` (weights folded into
+by the weights' values, and tagged with each graph's row range (`CompiledDecode.cache_key_tag`),
+so that a start with another crossover never loads a graph guarded on a narrower range. A second
+start of the same model with the same `cache_dir` (and the same crossover regimes:
+`EngineConfig.crossover_rows` pins them) only traces the model with dynamo and loads the rest. `freezing=True` (weights folded into
 the graph as constants) is kept for comparison: those graphs cannot be cached (torch 2.13:
 AOTAutograd refuses frozen graphs, inductor's FX cache refuses oneDNN constants).
 """
@@ -169,8 +170,9 @@ class CompiledDecode:
             # size_asserts off: the wrapper would check every input's size and stride on each call
             # (~600 checks, 0.5 ms of a one-sequence step); the guards check the step's inputs and
             # the weights never change
+            # cache_key_tag: the row ranges of the graphs (cache_key_tag below)
             with (torch.inference_mode(), inductor_config.patch(freezing=self.freezing, size_asserts=False),
-                  fx_config.patch(use_duck_shape=False)):
+                  fx_config.patch(use_duck_shape=False), torch.compiler.config.patch(cache_key_tag=self.cache_key_tag)):
                 for rows, width in self.shapes:
                     shape_start = time.perf_counter()
                     self._set_threads(rows)
@@ -199,6 +201,20 @@ class CompiledDecode:
                     self._graph_keys(), self.freezing, cache_dir(),
                     "hit" if hits and not misses else "miss", hits, hits + misses + self.cache_stats["fx_graph_bypasses"],
                     ", ".join(f"{k} {v}" for k, v in self.cache_stats.items()))
+
+    @property
+    def cache_key_tag(self) -> str:
+        """The tag this step's graphs carry in torch's on-disk cache keys: each graph's row range.
+
+        Why: a graph's FX code is the same whichever row count its weight copies switch at (the
+        `x.shape[0] <= crossover_rows` branch is a guard, not an op), and inductor's FX graph cache
+        serves an entry whose stored shape guards hold for the compiling call's sizes, adding them
+        to the new graph. Without the tag, a server whose crossover is 8 loaded the 2-4-rows graph
+        an earlier start with a crossover of 4 (measured at load) had cached, so every step of 5-8
+        rows would have recompiled and the whole compiled step was refused at warm-up."""
+        starts = [rows for rows, _ in self.shapes]
+        ranges = [f"{lo}-{hi - 1}" for lo, hi in zip(starts, starts[1:])] + [f"{starts[-1]}+"]
+        return "structserve decode rows " + ",".join(ranges)
 
     def _graph_keys(self) -> list[tuple[int, int]]:
         """(smallest batch size, threads) of each graph, for the log."""

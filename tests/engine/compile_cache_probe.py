@@ -1,5 +1,5 @@
 """One fresh process's compile of a tiny model's decode step against a given on-disk cache folder:
-`python -m tests.engine.compile_cache_probe MODEL_DIR CACHE_DIR` (from the repository root) prints
+`python -m tests.engine.compile_cache_probe MODEL_DIR CACHE_DIR [CROSSOVER_ROWS]` (from the repository root) prints
 one JSON line with the warm-up's seconds, what torch's caches served (`CompiledDecode.cache_stats`),
 the number of graphs it compiled, and the compiled and eager float32 logits of three fixed decode
 steps: 1 sequence (a graph of its own), 2 (the int4 copies, at most `CROSSOVER_ROWS` rows) and 3
@@ -35,9 +35,9 @@ def decode(num_seqs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata
     return torch.arange(5, 5 + 7 * num_seqs, 7), torch.zeros(num_seqs, dtype=torch.int64), meta
 
 
-def main(model_dir: str, cache_dir: str) -> None:
+def main(model_dir: str, cache_dir: str, crossover_rows: int = CROSSOVER_ROWS) -> None:
     torch.set_num_threads(1)
-    model, arch, _ = load_model_weights(model_dir, torch.float32, torch.device("cpu"), 128, "int4", CROSSOVER_ROWS)
+    model, arch, _ = load_model_weights(model_dir, torch.float32, torch.device("cpu"), 128, "int4", crossover_rows)
     per_block = kv_block_bytes(arch.num_layers, 16, arch.num_kv_heads, arch.head_dim, torch.float32)
     runner = ModelRunner(model, arch, torch.device("cpu"), torch.float32, 16, NUM_BLOCKS * per_block, 128)
     compiled = CompiledDecode(model, cache_dir=cache_dir)
@@ -56,4 +56,4 @@ def main(model_dir: str, cache_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], *(int(arg) for arg in sys.argv[3:4]))

@@ -22,9 +22,10 @@ from tests.conftest import save_tiny_model
 pytestmark = pytest.mark.slow
 
 
-def probe(model_dir: str, cache_dir: str) -> dict:
-    """The JSON line of one compile_cache_probe process."""
-    done = subprocess.run([sys.executable, "-m", "tests.engine.compile_cache_probe", model_dir, cache_dir],
+def probe(model_dir: str, cache_dir: str, *crossover_rows: int) -> dict:
+    """The JSON line of one compile_cache_probe process (its CROSSOVER_ROWS unless given)."""
+    done = subprocess.run([sys.executable, "-m", "tests.engine.compile_cache_probe", model_dir, cache_dir,
+                           *map(str, crossover_rows)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -46,3 +47,16 @@ def test_a_second_process_loads_the_compiled_step_from_the_cache(tmp_path) -> No
         # inductor fuses the norms and rounds activations to bf16 at other points than eager:
         # within one unit of bf16's last place, 2**-7 relative
         torch.testing.assert_close(torch.tensor(compiled), torch.tensor(eager), atol=1e-3, rtol=2**-7)
+
+
+def test_a_cache_filled_with_another_crossover_still_gives_every_graph_its_whole_range(tmp_path) -> None:
+    """A start whose projections switch copies past 4 rows, on a cache that a start with a crossover
+    of 3 filled (the crossover is measured at load, so it can differ between starts): its 2-4 rows
+    graph has the same FX code as the cached 2-3 rows one, which inductor's FX graph cache would
+    serve with its `rows <= 3` guard, so that the warm-up's 4-rows check needs a new graph and the
+    probe fails. Each graph's row range is part of its cache key (CompiledDecode.cache_key_tag)."""
+    model_dir, cache_dir = tmp_path / "LlamaForCausalLM", tmp_path / "inductor"
+    save_tiny_model(model_dir, "LlamaForCausalLM")
+    assert probe(str(model_dir), str(cache_dir), 3)["graphs"] == 3
+    wider = probe(str(model_dir), str(cache_dir), 4)
+    assert wider["graphs"] == 3 and wider["cache_stats"]["fx_graph_misses"] == 3, wider["cache_stats"]
