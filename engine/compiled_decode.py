@@ -39,8 +39,8 @@ cache hold the lowered graphs, keyed by the graph and the inputs' shapes, dtypes
 by the weights' values, and tagged with each graph's row range (`CompiledDecode.cache_key_tag`),
 so that a start with another crossover never loads a graph guarded on a narrower range. A second
 start of the same model with the same `cache_dir` (and the same crossover regimes:
-`EngineConfig.crossover_rows` pins them) only traces the model with dynamo and loads the rest. `freezing=True` (weights folded into
-the graph as constants) is kept for comparison: those graphs cannot be cached (torch 2.13:
+`EngineConfig.crossover_rows` pins them) only traces the model with dynamo and loads the rest.
+`freezing=True` (weights folded into the graph as constants) is kept for comparison: those graphs cannot be cached (torch 2.13:
 AOTAutograd refuses frozen graphs, inductor's FX cache refuses oneDNN constants).
 """
 
@@ -170,7 +170,6 @@ class CompiledDecode:
             # size_asserts off: the wrapper would check every input's size and stride on each call
             # (~600 checks, 0.5 ms of a one-sequence step); the guards check the step's inputs and
             # the weights never change
-            # cache_key_tag: the row ranges of the graphs (cache_key_tag below)
             with (torch.inference_mode(), inductor_config.patch(freezing=self.freezing, size_asserts=False),
                   fx_config.patch(use_duck_shape=False), torch.compiler.config.patch(cache_key_tag=self.cache_key_tag)):
                 for rows, width in self.shapes:
