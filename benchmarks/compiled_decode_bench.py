@@ -45,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quantization", choices=["auto", "none", "int8", "int4"], default="auto")
     parser.add_argument("--crossover-rows", type=int, default=None,
                         help="int4/bf16 crossover (default: measured at load; pin it to reuse a warm cache)")
+    parser.add_argument("--int4-kernel", choices=["auto", "w4a8", "tinygemm"], default="auto",
+                        help="kernel of the int4 copies (the server's --int4-kernel)")
     parser.add_argument("--freezing", action="store_true", help="compile with inductor freezing (not cacheable)")
     parser.add_argument("--inductor-cache", default=None, help="TORCHINDUCTOR_CACHE_DIR for this run")
     return parser.parse_args()
@@ -134,7 +136,8 @@ def main() -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     dtype = getattr(torch, args.dtype)
     # loaded in `dtype` (the server's --dtype): a float32 load holds oneDNN-packed weights that .to() cannot convert
-    loaded = load_model(None, dtype, torch.device("cpu"), MAX_MODEL_LEN, args.quantization, args.crossover_rows)
+    loaded = load_model(None, dtype, torch.device("cpu"), MAX_MODEL_LEN, args.quantization, args.crossover_rows,
+                        args.int4_kernel)
     model, arch = loaded.model, loaded.arch
     batches = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
     # enough for every case's contexts, and at least one max_model_len sequence (ModelRunner's check)
@@ -144,6 +147,7 @@ def main() -> int:
     compiled = CompiledDecode(model, freezing=args.freezing)
     compiled.warm_up(runner.kv_caches, runner.scratch_block)
     result: dict = {"dtype": args.dtype, "quantization": args.quantization, "threads": torch.get_num_threads(),
+                    "weights": loaded.model.weight_summary.describe(),
                     "freezing": args.freezing, "warm_up_s": round(compiled.compile_seconds or 0.0, 1),
                     "graph_s": [round(t, 1) for t in compiled.graph_seconds],
                     "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),

@@ -83,7 +83,8 @@ class AsyncEngine:
         num_threads = configure_threads(config.num_threads) if device.type == "cpu" else None
         # ^ before the load: it measures the weight formats' crossover
         loaded = load_model(config.model, dtype=dtype, device=device, max_model_len=config.max_model_len,
-                            quantization=config.quantization, crossover_rows=config.crossover_rows)
+                            quantization=config.quantization, crossover_rows=config.crossover_rows,
+                            int4_kernel=config.int4_kernel)
         max_model_len = loaded.max_model_len
         step_threads = (plan_step_threads(num_threads, explicit=config.num_threads is not None,
                                           leave_api_core=config.leave_api_core)

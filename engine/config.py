@@ -31,6 +31,9 @@ class EngineConfig:
         copy); None = measured at load (engine/models/crossover.py). Pinning it keeps the compiled
         decode step's graphs, and so its on-disk cache entries, the same from start to start on a
         machine whose load makes the measurement vary.
+    int4_kernel: the int4 copies' kernel (engine/models/weight_plan.py): "auto" = w4a8 (int8
+        activations, AVX512-VNNI; kernels/w4a8_linear.py) where the CPU has it, else "tinygemm"
+        (torch's bf16-activation int4 kernel); "w4a8" or "tinygemm" pin it.
     num_threads: torch intra-op threads on CPU; None = every core the process may use (engine/threads.py).
     leave_api_core: run steps of fewer than SMALL_STEP_ROWS rows on every core but one, leaving it
         to the API thread (engine/step_threads.py); False (the default) runs every step on every core.
@@ -70,6 +73,7 @@ class EngineConfig:
     num_threads: int | None = None
     leave_api_core: bool = False
     crossover_rows: int | None = None
+    int4_kernel: str = "auto"
     chat_template: str | None = None
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     request_timeout_s: float | None = None
@@ -94,6 +98,8 @@ class EngineConfig:
             raise InvalidSamplingParams("quantization must be auto, none, int8 or int4", param="quantization")
         if self.crossover_rows is not None and self.crossover_rows < 0:
             raise InvalidSamplingParams("crossover_rows must be >= 0", param="crossover_rows")
+        if self.int4_kernel not in ("auto", "w4a8", "tinygemm"):
+            raise InvalidSamplingParams("int4_kernel must be auto, w4a8 or tinygemm", param="int4_kernel")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidSamplingParams("num_threads must be >= 1", param="num_threads")
         if self.kv_cache_memory_bytes <= 0:

@@ -19,6 +19,7 @@ from engine.models.weight_plan import WeightSummary
 from engine.safetensors_weights import iter_safetensors_weights, read_hf_config
 from engine.memory_trim import release_free_memory
 from engine.tokenizer_loader import load_tokenizer
+from kernels.cpu_ops import CpuOpsUnavailable, cpu_supports_cpu_ops, load_cpu_ops
 
 if TYPE_CHECKING:
     from engine.models.llama import CausalLM
@@ -84,13 +85,14 @@ def resolve_max_model_len(arch: ModelArch, max_model_len: int | None) -> int:
 
 def load_model_weights(
     path: str, dtype: torch.dtype, device: torch.device, max_model_len: int | None = None,
-    quantization: str = "none", crossover_rows: int | None = None,
+    quantization: str = "none", crossover_rows: int | None = None, int4_kernel: str = "auto",
 ) -> tuple[CausalLM, ModelArch, int]:
     """Build the model of a GGUF file or Hugging Face folder without its tokenizer.
 
     `quantization` ("auto", "none", "int8", "int4"; engine/models/weight_plan.py) chooses the
     weight formats; "none" (the default here) is the float reference path in `dtype`.
     `crossover_rows`: rows served by the int4/int8 copies; None = measured at load.
+    `int4_kernel`: "auto", "w4a8" or "tinygemm" (engine/models/weight_plan.py `WeightBuilder`).
     Returns (model in eval mode on `device` in `dtype`, arch, resolved max_model_len).
     Raises ModelLoadError for a missing path, unreadable or unsupported files, unsupported
     architectures or quantization types, and weights that do not match the config.
@@ -109,23 +111,40 @@ def load_model_weights(
     else:
         raise ModelLoadError(f"model path {path} is neither a folder nor a .gguf file")
     model_cls = get_model_class((config.get("architectures") or ["<none>"])[0])  # before any other check
+    if device.type == "cpu":
+        prepare_cpu_kernels()
     arch = ModelArch.from_hf_config(config)
     resolved_len = resolve_max_model_len(arch, max_model_len)
     model = model_cls(arch, rope_table_positions(arch, resolved_len), dtype, device)
-    model.load_weights(weights, model.weight_builder(quantization, crossover_rows))
+    model.load_weights(weights, model.weight_builder(quantization, crossover_rows, int4_kernel))
     return model.eval(), arch, resolved_len
+
+
+def prepare_cpu_kernels() -> bool:
+    """Load kernels/cpu_ops.py's C++ kernels (paged decode attention, the w4a8 projection) where the
+    CPU has AVX512-VNNI, building them the first time on a machine; False, logged, where they
+    cannot run (the torch paths serve then)."""
+    if not cpu_supports_cpu_ops():
+        logger.info("C++ CPU kernels: not used (this CPU lacks AVX512-VNNI); torch paths serve")
+        return False
+    try:
+        load_cpu_ops()
+    except (CpuOpsUnavailable, OSError, RuntimeError) as exc:
+        logger.warning("C++ CPU kernels unavailable, torch paths serve: %s", exc)
+        return False
+    return True
 
 
 def load_model(
     path: str | None, dtype: torch.dtype, device: torch.device, max_model_len: int | None,
-    quantization: str = "none", crossover_rows: int | None = None,
+    quantization: str = "none", crossover_rows: int | None = None, int4_kernel: str = "auto",
 ) -> LoadedModel:
-    """Load weights and tokenizer of `path` (None = the default SmolLM2 GGUF) and log one line. `quantization`, `crossover_rows`: see `load_model_weights`.
+    """Load weights and tokenizer of `path` (None = the default SmolLM2 GGUF) and log one line. `quantization`, `crossover_rows`, `int4_kernel`: see `load_model_weights`.
     Raises ModelLoadError (see `load_model_weights`, `default_model_path`, `load_tokenizer`)."""
     start = time.perf_counter()
     resolved_path = path if path is not None else default_model_path()
     model, arch, resolved_len = load_model_weights(resolved_path, dtype, device, max_model_len, quantization,
-                                                   crossover_rows)
+                                                   crossover_rows, int4_kernel)
     tokenizer = load_tokenizer(resolved_path)
     source = Path(resolved_path)
     name = source.stem if source.suffix == ".gguf" else source.resolve().name

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_ops import cpu_ops_loaded, register_fake
 from kernels.triton_runtime import tl, triton
 
 
@@ -62,6 +63,15 @@ def paged_attention_ref(
             q[:num_decodes], k_cache, v_cache, block_tables[:num_decodes], seq_lens[:num_decodes],
             max(seq_lens_list[:num_decodes]), scale,
         )
+    _prefill_ref(q, k_cache, v_cache, block_tables, query_lens, seq_lens_list, num_decodes, scale, out)
+    return out
+
+
+def _prefill_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 query_lens: list[int], seq_lens_list: list[int], num_decodes: int, scale: float,
+                 out: torch.Tensor) -> None:
+    """`paged_attention_ref`'s prefills (sequences from `num_decodes` on), one by one, into `out`'s
+    rows from `num_decodes` on."""
     block_size = k_cache.shape[1]
     start = num_decodes
     for i in range(num_decodes, len(query_lens)):
@@ -84,7 +94,6 @@ def paged_attention_ref(
         )
         out[start : start + query_len] = attn[0].transpose(0, 1)
         start += query_len
-    return out
 
 
 def _decode_ref(
@@ -142,8 +151,30 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32, KV length after the step, >= 1
     scale: float,
 ) -> torch.Tensor:
-    """Decode attention read in place from the block tables; `[num_seqs, num_heads, head_dim]` in
-    q's dtype, the same numbers as `paged_attention_ref` on an all-decode batch (float32 rounding).
+    """Decode attention read in place from the block tables, `[num_seqs, num_heads, head_dim]` in
+    q's dtype: the C++ kernel `torch.ops.structserve_cpu.paged_decode_attention`
+    (kernels/cpu/paged_decode.cpp: one task per sequence and KV head, each K and V row read once)
+    where kernels/cpu_ops.py's library is loaded and q and the caches are float32 CPU tensors with
+    head_dim a multiple of 16 (at most 256) and at most 8 query heads per KV head; else
+    `paged_decode_reduction`. Both give `paged_attention_ref`'s numbers on an all-decode batch
+    (float32 rounding). torch.compile traces the choice once per graph."""
+    if _cpu_kernel_fits(q, k_cache):
+        return torch.ops.structserve_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return paged_decode_reduction(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def _cpu_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether `paged_decode_attention`'s C++ kernel takes these tensors."""
+    head_dim, group = q.shape[-1], q.shape[1] // k_cache.shape[2]
+    return (cpu_ops_loaded() and q.device.type == "cpu" and q.dtype == torch.float32
+            and k_cache.dtype == torch.float32 and head_dim % 16 == 0 and head_dim <= 256 and group <= 8)
+
+
+def paged_decode_reduction(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """`paged_decode_attention` (same arguments and result) as torch ops for inductor to fuse:
+    `[num_seqs, num_heads, head_dim]` in q's dtype, the same numbers as `paged_attention_ref` on an
+    all-decode batch (float32 rounding).
 
     Written for torch.compile: `k_cache[block_tables]` appears only inside the QK and PV reductions
     and the length-masked softmax, so inductor emits loops that read each block where it lies, with
@@ -168,6 +199,16 @@ def paged_decode_attention(
     probs = (scores - scores.amax(dim=(1, 2), keepdim=True)).exp()
     out = (probs.unsqueeze(-1) * values.unsqueeze(4)).sum(dim=(1, 2)) / probs.sum(dim=(1, 2)).unsqueeze(-1)
     return out.view(num_seqs, num_heads, head_dim).to(q.dtype)
+
+
+def _register_fake() -> None:
+    """Shapes for torch.compile's tracing of the C++ kernel: the output is shaped like q."""
+    @torch.library.register_fake("structserve_cpu::paged_decode_attention")
+    def _(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+register_fake(_register_fake)
 
 
 if triton is not None:
@@ -326,8 +367,18 @@ def paged_attention(
     num_decodes: int,
     scale: float,
 ) -> torch.Tensor:
-    """Paged causal attention, `[num_tokens, num_heads, head_dim]`: Triton on CUDA tensors,
-    `paged_attention_ref` otherwise (see there for the contract)."""
-    fn = paged_attention_triton if q.is_cuda and triton is not None else paged_attention_ref
-    return fn(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, query_lens, seq_lens_list,
-              num_decodes, scale)
+    """Paged causal attention, `[num_tokens, num_heads, head_dim]`: Triton on CUDA tensors; on CPU
+    the decodes through `paged_decode_attention`'s C++ kernel where it fits (no gather of their
+    blocks) and the prefills as `paged_attention_ref` runs them; `paged_attention_ref` otherwise
+    (see there for the contract)."""
+    if q.is_cuda and triton is not None:
+        return paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, query_lens,
+                                      seq_lens_list, num_decodes, scale)
+    if num_decodes > 0 and _cpu_kernel_fits(q, k_cache):
+        out = torch.empty_like(q)
+        out[:num_decodes] = torch.ops.structserve_cpu.paged_decode_attention(
+            q[:num_decodes], k_cache, v_cache, block_tables[:num_decodes], seq_lens[:num_decodes], scale)
+        _prefill_ref(q, k_cache, v_cache, block_tables, query_lens, seq_lens_list, num_decodes, scale, out)
+        return out
+    return paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, query_lens, seq_lens_list,
+                               num_decodes, scale)

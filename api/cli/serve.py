@@ -175,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
              "measured at load; pin it so that --compile's cached graphs match from start to start)",
     )
     serve.add_argument(
+        "--int4-kernel", choices=("auto", "w4a8", "tinygemm"), default="auto",
+        help="kernel of the int4 weight copies: w4a8 (int8 activations per group of 32, AVX512-VNNI, "
+             "built with the system C++ compiler once per machine), tinygemm (torch's, bf16 "
+             "activations); auto (default) takes w4a8 where the CPU has AVX512-VNNI",
+    )
+    serve.add_argument(
         "--compile-cache-dir", default=None,
         help="folder of torch inductor's on-disk compile caches for --compile (default: "
              "$TORCHINDUCTOR_CACHE_DIR when set, else $XDG_CACHE_HOME/structserve/inductor, "
@@ -254,6 +260,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         num_threads=args.num_threads,
         leave_api_core=args.leave_api_core,
         crossover_rows=args.crossover_rows,
+        int4_kernel=args.int4_kernel,
         compile_decode=args.compile,
         compile_cache_dir=compile_cache_dir(args.compile_cache_dir, environ) if args.compile else None,
         chat_template=chat_template,

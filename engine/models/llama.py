@@ -277,9 +277,10 @@ class CausalLM(nn.Module):
         embedding = {"embedding": {"table": self.embed_tokens.resident_bytes()}}
         self.weight_summary = replace(summary, resident_bytes={**summary.resident_bytes, **embedding})
 
-    def weight_builder(self, quantization: str, crossover_rows: int | None = None) -> WeightBuilder:
+    def weight_builder(self, quantization: str, crossover_rows: int | None = None,
+                       int4_kernel: str = "auto") -> WeightBuilder:
         """A WeightBuilder for this model's shapes, dtype and device (engine/models/weight_plan.py)."""
-        return WeightBuilder(quantization, self.dtype, self.device, crossover_rows)
+        return WeightBuilder(quantization, self.dtype, self.device, crossover_rows, int4_kernel)
 
     def _install(self, spec: _ProjectionSpec, parts: dict[int, SourceWeight], builder: WeightBuilder) -> None:
         num_weights = len(spec.weight_names)

@@ -23,10 +23,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.onednn_linear import onednn_linear
+from kernels.cpu_ops import load_cpu_ops
+from kernels.w4a8_linear import pack_w4a8
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
 from engine.models.weight_format import WeightFormat, onednn_bf16_supported
 
 PACK_BATCH_HINT = 32    # rows oneDNN's reorder is tuned for; any row count works with the copy
+INT4_KERNELS = ("tinygemm", "w4a8")
+_SMALL_COPY_BUFFERS = ("int4_weight", "int4_scales_zeros", "w4a8_weight", "w4a8_scales", "w4a8_zeros",
+                       "int8_weight", "int8_scales")
 _INT4_ROW_MULTIPLE = 16  # `_convert_weight_to_int4pack_for_cpu` needs out_features divisible by 16
 
 
@@ -41,15 +46,21 @@ class QuantizedLinear(nn.Module):
     copy's kernel multiplies by (its bf16 scales and zeros applied), rounded to bf16 for BF16, so
     every row count runs the same weights. `bias` `[out]` or None is kept in `dtype`. `device`
     holds the copies; INT4/INT8/BF16/FP32 need a CPU. `int8`: the INT8 copy already quantized from
-    `weight` (its qvals tensor is then shared, e.g. with a tied embedding). Raises ValueError for
-    INT4 with in_features not a multiple of 32, for a format off CPU, for a quantized `large`, or
-    for BF16 on a CPU whose oneDNN has no bf16 linear (`onednn_bf16_supported`: AVX2-only CPUs).
+    `weight` (its qvals tensor is then shared, e.g. with a tied embedding). `int4_kernel` picks the
+    INT4 copy's kernel and layout: "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, activations
+    rounded to bf16) or "w4a8" (kernels/w4a8_linear.py: activations quantized to int8 per group of
+    32, AVX512-VNNI; in_features a multiple of 64). Raises ValueError for INT4 with in_features not
+    a multiple of 32 (64 for w4a8), for an unknown `int4_kernel`, for a format off CPU, for a
+    quantized `large`, or for BF16 on a CPU whose oneDNN has no bf16 linear
+    (`onednn_bf16_supported`: AVX2-only CPUs).
     """
 
     def __init__(self, weight: SourceWeight, bias: torch.Tensor | None, small: WeightFormat | None,
                  large: WeightFormat, crossover_rows: int, dtype: torch.dtype, device: torch.device,
-                 int8: Int8Channels | None = None) -> None:
+                 int8: Int8Channels | None = None, int4_kernel: str = "tinygemm") -> None:
         super().__init__()
+        if int4_kernel not in INT4_KERNELS:
+            raise ValueError(f"int4_kernel must be one of {INT4_KERNELS}, got {int4_kernel!r}")
         if large.is_quantized or (small is not None and not small.is_quantized):
             raise ValueError(f"small copy must be int4/int8 and large copy float, got {small} / {large}")
         if device.type != "cpu" and (small is not None or large is not WeightFormat.DENSE):
@@ -59,6 +70,7 @@ class QuantizedLinear(nn.Module):
                              "avx512bw/vl/dq or avx_ne_convert); hold the large copy in fp32")
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.small, self.large = small, large
+        self.int4_kernel = int4_kernel if small is WeightFormat.INT4 else None
         self.crossover_rows = crossover_rows if small is not None else 0
         groups: Int4Groups | None = None
         if small is WeightFormat.INT4:
@@ -67,7 +79,8 @@ class QuantizedLinear(nn.Module):
             int8 = Int8Channels.from_float(dequantize(weight))
         elif small is not WeightFormat.INT8:
             int8 = None
-        int4 = (None, None) if groups is None else _pack_int4(groups)
+        int4 = (None, None) if groups is None or int4_kernel == "w4a8" else _pack_int4(groups)
+        w4a8 = (None, None, None) if groups is None or int4_kernel != "w4a8" else _pack_w4a8(groups)
         # the large copy holds the small copy's values, so that a request's results do not depend
         # on how many rows its step had (only the kernels' rounding differs)
         if groups is not None:
@@ -81,6 +94,9 @@ class QuantizedLinear(nn.Module):
                              persistent=False)
         self.register_buffer("int4_weight", int4[0], persistent=False)         # uint8 [out padded to 16, in // 2]
         self.register_buffer("int4_scales_zeros", int4[1], persistent=False)   # bf16 [in // 32, out padded, 2]
+        self.register_buffer("w4a8_weight", w4a8[0], persistent=False)          # uint8 [out, in // 2]
+        self.register_buffer("w4a8_scales", w4a8[1], persistent=False)          # bf16 [out, in // 32]
+        self.register_buffer("w4a8_zeros", w4a8[2], persistent=False)           # bf16 [out, in // 32]
         self.register_buffer("int8_weight", None if int8 is None else int8.qvals, persistent=False)   # int8 [out, in]
         self.register_buffer("int8_scales", None if int8 is None else int8.scales.to(torch.bfloat16),
                              persistent=False)                                   # bf16 [out]
@@ -92,7 +108,13 @@ class QuantizedLinear(nn.Module):
         return y if self.bias is None else y.add_(self.bias)
 
     def small_product(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` through the INT4/INT8 copy, in x's dtype (no bias); x cast to bf16 for the kernel."""
+        """`x @ W.T` through the INT4/INT8 copy, in x's dtype (no bias); x cast to bf16 for the
+        tinygemm and int8 kernels, quantized per group inside the w4a8 kernel."""
+        if self.w4a8_weight is not None:
+            # the operator itself (loaded when this copy was packed), not kernels' Python wrapper,
+            # whose load check would break torch.compile's graph
+            y = torch.ops.structserve_cpu.w4a8_linear(x.float(), self.w4a8_weight, self.w4a8_scales, self.w4a8_zeros)
+            return y.to(x.dtype)
         xb = x.to(torch.bfloat16)
         if self.int4_weight is not None:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
@@ -117,7 +139,8 @@ class QuantizedLinear(nn.Module):
         self.crossover_rows = rows if self.small is not None else 0
         if self.crossover_rows == 0:
             self.small = None
-            for name in ("int4_weight", "int4_scales_zeros", "int8_weight", "int8_scales"):
+            self.int4_kernel = None
+            for name in _SMALL_COPY_BUFFERS:
                 setattr(self, name, None)
 
     def resident_bytes(self) -> dict[str, int]:
@@ -125,7 +148,7 @@ class QuantizedLinear(nn.Module):
         oneDNN-reordered copies count their logical size (the blocked layout may pad a little)."""
         sizes: dict[str, int] = {}
         if self.small is not None:
-            tensors = (self.int4_weight, self.int4_scales_zeros, self.int8_weight, self.int8_scales)
+            tensors = [getattr(self, name) for name in _SMALL_COPY_BUFFERS]
             sizes[self.small.value] = sum(t.numel() * t.element_size() for t in tensors if t is not None)
         bias_bytes = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
         sizes[self.large.value] = self.large_weight.numel() * self.large_weight.element_size() + bias_bytes
@@ -133,8 +156,20 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         small = "none" if self.small is None else self.small.value
+        if self.int4_kernel is not None:
+            small += f" ({self.int4_kernel})"
         return (f"in={self.in_features}, out={self.out_features}, small={small} (rows <= "
                 f"{self.crossover_rows}), large={self.large.value}, bias={self.bias is not None}")
+
+
+def _pack_w4a8(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The w4a8 kernel's layout of the 4-bit weight (kernels/w4a8_linear.py `pack_w4a8`), the
+    kernel loaded. Raises ValueError for in_features not a multiple of 64, CpuOpsUnavailable where
+    the kernel cannot run."""
+    if groups.shape[1] % 64:
+        raise ValueError(f"the w4a8 kernel needs in_features divisible by 64, got {groups.shape[1]}")
+    load_cpu_ops()
+    return pack_w4a8(groups.qvals, groups.scales, groups.zeros)
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:

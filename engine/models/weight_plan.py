@@ -11,13 +11,16 @@ import torch
 
 from engine.errors import ModelLoadError
 from engine.models.crossover import measure_crossovers
-from engine.models.quantized_linear import QuantizedLinear
+from engine.models.quantized_linear import INT4_KERNELS, QuantizedLinear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, cat_rows, dequantize
 from engine.models.weight_format import WeightFormat, cpu_has_native_bf16, large_batch_format
+from kernels.cpu_ops import CpuOpsUnavailable, cpu_supports_cpu_ops, load_cpu_ops
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
+INT4_KERNEL_CHOICES = ("auto", *INT4_KERNELS)
+W4A8_IN_MULTIPLE = 64    # the w4a8 kernel's in_features granularity; other int4 projections use tinygemm
 Role = Literal["layer", "head"]
 
 
@@ -68,12 +71,17 @@ class WeightBuilder:
     values int4 would coarsen: top-1 85-88 % in the research note). Quantized formats need a CPU.
     crossover_rows: rows served by the int4/int8 copies, the same for every projection; None =
     measured at load over the loaded projections (engine/models/crossover.py).
+    int4_kernel: the INT4 copies' kernel: "w4a8" (kernels/w4a8_linear.py, int8 activations,
+    AVX512-VNNI), "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, bf16 activations) or "auto":
+    w4a8 where the CPU has AVX512-VNNI and the kernel builds, tinygemm elsewhere (the choice is
+    logged). A projection whose in_features is not a multiple of 64 uses tinygemm either way.
     """
 
     quantization: str
     dtype: torch.dtype
     device: torch.device
     crossover_rows: int | None = None
+    int4_kernel: str = "auto"
     native_bf16: bool = field(default_factory=cpu_has_native_bf16)
 
     def __post_init__(self) -> None:
@@ -85,6 +93,11 @@ class WeightBuilder:
                                  "use --quantization none")
         if self.crossover_rows is not None and self.crossover_rows < 0:
             raise ModelLoadError(f"crossover_rows must be >= 0, got {self.crossover_rows}")
+        if self.int4_kernel not in INT4_KERNEL_CHOICES:
+            raise ModelLoadError(f"unknown int4 kernel {self.int4_kernel!r}; choose from {', '.join(INT4_KERNEL_CHOICES)}")
+        # resolved only where int4 copies can exist; elsewhere the field is unused
+        can_hold_int4 = self.device.type == "cpu" and self.quantization in ("auto", "int4")
+        self.int4_kernel = resolve_int4_kernel(self.int4_kernel) if can_hold_int4 else "tinygemm"
 
     def small_format(self, parts: list[SourceWeight], role: Role) -> WeightFormat | None:
         """The few-rows format for a projection made of `parts`, or None for a float-only one.
@@ -112,7 +125,8 @@ class WeightBuilder:
         weight = parts[0] if len(parts) == 1 else cat_rows(parts)
         small = self.small_format(parts, role)
         large = large_batch_format(self.device, self.dtype, small is not None, self.native_bf16)
-        return QuantizedLinear(weight, bias, small, large, 0, self.dtype, self.device, int8=int8)
+        kernel = self.int4_kernel if weight.shape[1] % W4A8_IN_MULTIPLE == 0 else "tinygemm"
+        return QuantizedLinear(weight, bias, small, large, 0, self.dtype, self.device, int8=int8, int4_kernel=kernel)
 
     def head_rows(self, source: SourceWeight) -> Int8Channels | None:
         """The LM head's / embedding's int8 rows when the head gets an INT8 copy, else None."""
@@ -139,6 +153,29 @@ class WeightBuilder:
                 for fmt, size in proj.resident_bytes().items():
                     resident.setdefault(name, {})[fmt] = resident.get(name, {}).get(fmt, 0) + size
             small = projs[0].small
-            formats[name] = f"{'none' if small is None else small.value} + {projs[0].large.value}"
+            kernels = sorted({proj.int4_kernel for proj in projs if proj.int4_kernel is not None})
+            held = "none" if small is None else small.value + (f" ({', '.join(kernels)})" if kernels else "")
+            formats[name] = f"{held} + {projs[0].large.value}"
         return WeightSummary(self.quantization, torch.backends.cpu.get_cpu_capability(), self.native_bf16,
                              formats, resident, {name: crossovers.get(name, 0) for name in groups})
+
+
+def resolve_int4_kernel(requested: str) -> str:
+    """"tinygemm" or "w4a8" for `requested` ("auto", "w4a8", "tinygemm"): "auto" is w4a8 where the
+    CPU has AVX512-VNNI and the kernel builds and loads (kernels/w4a8_linear.py; ~7 s the first
+    time on a machine, then cached), else tinygemm, logged. Raises ModelLoadError when "w4a8" is
+    asked for and cannot run here."""
+    if requested == "tinygemm":
+        return requested
+    if requested == "auto" and not cpu_supports_cpu_ops():
+        logger.info("int4 kernel: tinygemm (this CPU lacks AVX512-VNNI for the w4a8 kernel)")
+        return "tinygemm"
+    try:
+        load_cpu_ops()
+    except (CpuOpsUnavailable, OSError, RuntimeError) as exc:
+        if requested == "w4a8":
+            raise ModelLoadError(f"--int4-kernel w4a8 cannot run here: {exc}") from exc
+        logger.warning("int4 kernel: tinygemm (the w4a8 kernel is unavailable: %s)", exc)
+        return "tinygemm"
+    logger.info("int4 kernel: w4a8 (AVX512-VNNI, int8 activations per group of 32)")
+    return "w4a8"

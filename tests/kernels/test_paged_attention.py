@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernels.cpu_ops import cpu_supports_cpu_ops, load_cpu_ops
 from kernels.triton_runtime import triton_installed
 from kernels.paged_attention import paged_attention, paged_attention_ref, write_kv, write_kv_ref
 
@@ -101,6 +102,23 @@ def test_reference_matches_dense_attention(name: str) -> None:
     out = paged_attention_ref(*attention_args(case))
     assert out.shape == case["q"].shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), dense_attention(case), atol=2e-5, rtol=0)
+
+
+@pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the C++ kernels")
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_cpu_dispatch_sends_decodes_to_the_kernel_and_matches_dense_attention(name: str) -> None:
+    """`paged_attention` on CPU: the decodes through the C++ decode kernel, the prefills as the
+    reference runs them, together the dense result (odd_group_dim's head_dim 24 stays on the reference)."""
+    load_cpu_ops()
+    case = make_case(name)
+    out = paged_attention(*attention_args(case))
+    torch.testing.assert_close(out.double(), dense_attention(case), atol=2e-5, rtol=0)
+    num_decodes = case["num_decodes"]
+    if num_decodes and case["q"].shape[-1] % 16 == 0:
+        kernel = torch.ops.structserve_cpu.paged_decode_attention(
+            case["q"][:num_decodes], case["k_cache"], case["v_cache"], case["block_tables"][:num_decodes],
+            case["seq_lens"][:num_decodes], case["scale"])
+        assert torch.equal(out[:num_decodes], kernel)
 
 
 def test_reference_bfloat16_caches() -> None:

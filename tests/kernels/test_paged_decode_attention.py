@@ -1,5 +1,7 @@
 """paged_decode_attention (the in-place decode attention the compiled step traces) against the
-reference `paged_attention_ref`, eager and compiled; write_kv_scratch against write_kv_ref.
+reference `paged_attention_ref`, eager and compiled, in both its forms: the C++ kernel
+(kernels/cpu/paged_decode.cpp, where the CPU has AVX512-VNNI) and the torch reduction inductor
+fuses; write_kv_scratch against write_kv_ref.
 
 Tolerance: float32 within 1e-5 of the reference (observed ~5e-7); bfloat16 caches within 2e-2.
 """
@@ -11,7 +13,25 @@ import random
 import pytest
 import torch
 
-from kernels.paged_attention import paged_attention_ref, paged_decode_attention, write_kv_ref, write_kv_scratch
+from kernels.cpu_ops import cpu_supports_cpu_ops, load_cpu_ops
+from kernels.paged_attention import (
+    paged_attention_ref,
+    paged_decode_attention,
+    paged_decode_reduction,
+    write_kv_ref,
+    write_kv_scratch,
+)
+
+
+def cpu_kernel(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
+    """The C++ kernel itself (the library loaded first)."""
+    load_cpu_ops()
+    return torch.ops.structserve_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+NEEDS_VNNI = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the C++ kernels")
+IMPLEMENTATIONS = [pytest.param(cpu_kernel, id="cpu_kernel", marks=NEEDS_VNNI),
+                   pytest.param(paged_decode_reduction, id="reduction")]
 
 # (num_heads, num_kv_heads, head_dim, block_size, context lengths incl. the new token)
 CASES = {
@@ -62,15 +82,17 @@ def decode(fn, batch: dict) -> torch.Tensor:
               batch["scale"])
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_reference_eager(name: str) -> None:
+def test_matches_reference_eager(name: str, impl) -> None:
     batch = make_decode_batch(*CASES[name])
-    out = decode(paged_decode_attention, batch)
+    out = decode(impl, batch)
     assert out.shape == batch["q"].shape and out.dtype == torch.float32
     torch.testing.assert_close(out, reference(batch), atol=1e-5, rtol=0)
 
 
-def test_padding_columns_and_stale_blocks_are_never_read() -> None:
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_padding_columns_and_stale_blocks_are_never_read(impl) -> None:
     """Wider -1 padding, and garbage past each sequence's length in its last block and in blocks no
     table points at, leave the result unchanged (NaN keys are masked out; values are only ever
     multiplied by a zero weight there, so they need to be finite, as every cache write is)."""
@@ -85,10 +107,11 @@ def test_padding_columns_and_stale_blocks_are_never_read() -> None:
     for block in set(range(batch["k_cache"].shape[0])) - used:
         batch["k_cache"][block] = float("nan")
         batch["v_cache"][block] = -1e6
-    torch.testing.assert_close(decode(paged_decode_attention, batch), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(decode(impl, batch), expected, atol=1e-5, rtol=0)
 
 
-def test_preempted_and_resumed_sequence_in_recycled_blocks() -> None:
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_preempted_and_resumed_sequence_in_recycled_blocks(impl) -> None:
     """A sequence preempted (blocks freed), its blocks handed to another sequence, then resumed in
     different, recycled blocks; plus two sequences sharing prefix blocks (prefix cache hit)."""
     heads, kv_heads, dim, bs = 9, 3, 64, 16
@@ -107,7 +130,7 @@ def test_preempted_and_resumed_sequence_in_recycled_blocks() -> None:
     tables = torch.tensor([resumed + [-1], shared_prefix + [-1]], dtype=torch.int32)
     batch = {"q": torch.randn(2, heads, dim, generator=gen), "k_cache": k_cache, "v_cache": v_cache,
              "block_tables": tables, "seq_lens": torch.tensor([40, 36], dtype=torch.int32), "scale": dim**-0.5}
-    out = decode(paged_decode_attention, batch)
+    out = decode(impl, batch)
     torch.testing.assert_close(out, reference(batch), atol=1e-5, rtol=0)
     group = heads // kv_heads                # the resumed sequence, against dense attention
     scores = torch.einsum("hd,khd->hk", batch["q"][0], keys.repeat_interleave(group, 1)) * dim**-0.5
@@ -122,10 +145,14 @@ def test_bfloat16_caches() -> None:
     torch.testing.assert_close(out.float(), reference(batch).float(), atol=2e-2, rtol=0)
 
 
-def test_compiled_matches_reference_without_recompiling(one_torch_thread: None) -> None:
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_compiled_matches_reference_without_recompiling(one_torch_thread: None, impl) -> None:
     """One torch.compile (batch and block-table width dynamic, as in engine/compiled_decode.py)
     serves every batch size >= 2 and context length of the SmolLM2 head layout."""
-    compiled = torch.compile(paged_decode_attention, dynamic=False)
+    if impl is cpu_kernel:   # the dispatcher, traced with the library loaded, calls the kernel
+        load_cpu_ops()
+        impl = paged_decode_attention
+    compiled = torch.compile(impl, fullgraph=True, dynamic=False)
 
     def run(batch: dict) -> torch.Tensor:
         for tensor in (batch["q"], batch["block_tables"], batch["seq_lens"]):
@@ -142,6 +169,27 @@ def test_compiled_matches_reference_without_recompiling(one_torch_thread: None) 
             for seed, seq_lens in enumerate([[1, 15, 16, 17, 31, 32, 33, 100], [250, 2], [64] * 32]):
                 batch = make_decode_batch(9, 3, 64, 16, seq_lens, extra_columns=seed, seed=seed)
                 torch.testing.assert_close(run(batch), reference(batch), atol=1e-5, rtol=0)
+
+
+@NEEDS_VNNI
+def test_the_dispatcher_takes_the_kernel_for_float32_and_the_reduction_for_bf16() -> None:
+    load_cpu_ops()
+    batch = make_decode_batch(9, 3, 64, 16, [20, 33, 7])
+    assert torch.equal(decode(paged_decode_attention, batch), decode(cpu_kernel, batch))
+    half = make_decode_batch(9, 3, 64, 16, [20, 33, 7], dtype=torch.bfloat16)
+    assert torch.equal(decode(paged_decode_attention, half), decode(paged_decode_reduction, half))
+
+
+@NEEDS_VNNI
+def test_the_kernel_refuses_a_context_past_its_table_or_a_missing_block() -> None:
+    batch = make_decode_batch(9, 3, 64, 16, [20, 33])
+    batch["seq_lens"] = torch.tensor([20, 33 + 16 * batch["block_tables"].shape[1]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="seq_lens out of the table's range"):
+        decode(cpu_kernel, batch)
+    batch = make_decode_batch(9, 3, 64, 16, [20, 33])
+    batch["block_tables"][1, 1] = -1
+    with pytest.raises(RuntimeError, match="a block the context needs is not in the cache"):
+        decode(cpu_kernel, batch)
 
 
 def test_write_kv_scratch_sends_skipped_rows_to_the_last_slot() -> None:

@@ -26,10 +26,14 @@ pytestmark = pytest.mark.slow
 NUM_NEW_TOKENS = 32
 ATOL = 1e-3
 MIN_CLEAR_MARGIN = 0.25   # logits; a smaller lead is a near-tie that rounding may flip
-# compiled against eager on the quantized default: both round activations to bf16 for the int4/bf16
-# kernels, at different points once inductor fuses the float32 ops around them (observed on the
-# project machine: max |logit diff| 0.16-0.59 per step, logit standard deviation 5.9)
-MAX_COMPILED_DIFF = 1.0
+# compiled against eager on the quantized default: both round activations (to bf16 for the
+# tinygemm/int8/bf16 kernels, to int8 per group of 32 for the w4a8 kernel) at inputs that differ in
+# the last bits once inductor fuses the float32 ops before them, and an int8 step is coarser than a
+# bf16 one. Observed on the project machine (logit standard deviation 5.9): max |logit diff| per
+# step 0.16-0.59 with tinygemm; with w4a8 0.1-0.3 on the bf16 steps of 9 rows and 0.25-0.8 on its own
+# steps (1.56 once), within the 2.0 that either kernel keeps against float32 weights
+# (test_quantized_smollm2.py: 1.15 and 1.20 there)
+MAX_COMPILED_DIFF = {"tinygemm": 1.0, "w4a8": 2.0}
 QUESTIONS = ["What is the capital of France?", "Write a haiku about paged attention."]
 
 
@@ -140,6 +144,7 @@ def _compare_compiled_with_eager(model, arch, rule: StepThreads | None, loaded: 
     """test_compiled_decode_matches_eager's body, on the threads the server's engine thread would
     use: `rule`'s count per step, or every usable core for every step when `rule` is None."""
     threads_for = rule.threads_for if rule is not None else None
+    kernel = model.layers[0].projections()["qkv"].int4_kernel
     scratch = 80
     eager_batch, compiled_batch = (PagedBatch(arch, num_blocks=scratch + 1, block_size=16) for _ in range(2))
     for batch in (eager_batch, compiled_batch):
@@ -164,7 +169,7 @@ def _compare_compiled_with_eager(model, arch, rule: StepThreads | None, loaded: 
             torch.set_num_threads(threads_for(len(live)))   # as the engine thread does (StepThreads)
         got = compiled.run(input_ids, positions, compiled_batch.kv_caches,
                            dataclasses.replace(meta, decode_only=True))
-        assert float((got - eager).abs().max()) < MAX_COMPILED_DIFF, len(live)
+        assert float((got - eager).abs().max()) < MAX_COMPILED_DIFF[kernel], len(live)
         sure = _clear_argmax(eager)
         assert got.argmax(-1)[sure].tolist() == eager.argmax(-1)[sure].tolist()
         clear += int(sure.sum())

@@ -109,7 +109,7 @@ def teacher_forced_logits(folder, quantization: str) -> torch.Tensor:
     """A 20-token prefill (rows past the crossover of 4: the bf16 copies) then 12 decode rows
     (the int8/int4 copies); logits of every row `[32, vocab]`."""
     model, arch, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), None, quantization, 4)
-    assert model.weight_summary.formats["layer"].split(" + ")[0] == quantization
+    assert model.weight_summary.formats["layer"].split(" + ")[0].split(" (")[0] == quantization   # "int4 (w4a8)"
     batch = PagedBatch(arch, num_blocks=16, block_size=4)
     rows = []
     for chunk in [list(range(10, 30))] + [[token] for token in range(40, 52)]:

@@ -24,6 +24,8 @@ from engine.models.weight_format import (
     large_batch_format,
     onednn_bf16_supported,
 )
+from kernels.cpu_ops import cpu_supports_cpu_ops
+from kernels.w4a8_linear import w4a8_linear_ref
 from tests.conftest import smollm2_gguf
 
 CPU = torch.device("cpu")
@@ -33,6 +35,8 @@ SMALL_LARGE = [pytest.param(WeightFormat.INT4, WeightFormat.BF16, marks=NEEDS_ON
                pytest.param(WeightFormat.INT8, WeightFormat.BF16, marks=NEEDS_ONEDNN_BF16),
                (WeightFormat.INT4, WeightFormat.FP32), (WeightFormat.INT8, WeightFormat.FP32),
                (None, WeightFormat.FP32), (None, WeightFormat.DENSE)]
+NEEDS_W4A8 = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the w4a8 kernel")
+INT4_KERNELS = ["tinygemm", pytest.param("w4a8", marks=NEEDS_W4A8)]
 # the large copy a quantized float32 model is served with on this CPU (BF16 with native bf16, else FP32)
 SERVED_LARGE = large_batch_format(CPU, torch.float32, quantized=True, native_bf16=cpu_has_native_bf16())
 
@@ -109,6 +113,54 @@ def test_products_match_the_dequantized_reference(small, large, rows: int) -> No
     assert relative_error(out, expected) < tolerance
 
 
+@NEEDS_W4A8
+def test_the_w4a8_copy_reproduces_the_files_q4_1_weights(smollm2_q4_1) -> None:
+    """An identity row quantizes exactly (one value of 127 steps per group), so the w4a8 copy's
+    product with the identity is the weight it holds: (q - 8) * bf16(d) + bf16(m + 8d), float32 out."""
+    groups, _ = smollm2_q4_1
+    proj = QuantizedLinear(groups, None, WeightFormat.INT4, SERVED_LARGE, 1, torch.float32, CPU, int4_kernel="w4a8")
+    assert proj.int4_weight is None and proj.w4a8_weight is not None
+    recovered = proj.small_product(torch.eye(proj.in_features)).t()
+    on_grid = (groups.qvals.float() - 8).view(groups.shape[0], -1, 32) * bf16(groups.scales)[..., None]
+    on_grid = (on_grid + bf16(groups.zeros)[..., None]).view(groups.shape)
+    torch.testing.assert_close(recovered, on_grid, atol=1e-6, rtol=1e-5)
+
+
+@NEEDS_W4A8
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_w4a8_products_match_the_held_weight(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight, bias = torch.randn(96, 128, generator=gen) * 0.05, torch.randn(96, generator=gen)
+    x = torch.randn(rows, 128, generator=gen)
+    proj = QuantizedLinear(weight, bias, WeightFormat.INT4, SERVED_LARGE, 8, torch.float32, CPU, int4_kernel="w4a8")
+    groups = Int4Groups.from_float(weight)
+    held = Int4Groups(groups.qvals, bf16(groups.scales), bf16(groups.zeros)).dequantize()
+    out = proj(x)
+    if rows <= 8:   # the kernel's own product, activations quantized per group of 32
+        kernel = w4a8_linear_ref(x, proj.w4a8_weight, proj.w4a8_scales, proj.w4a8_zeros) + bias
+        torch.testing.assert_close(out, kernel, atol=1e-5, rtol=1e-5)
+    assert relative_error(out, F.linear(x, held, bias)) < 1e-2
+
+
+def test_w4a8_holds_the_int4_bytes_and_drops_them_with_the_small_copy() -> None:
+    with pytest.raises(ValueError, match="w4a8 kernel needs in_features divisible by 64"):
+        QuantizedLinear(torch.randn(16, 96), None, WeightFormat.INT4, WeightFormat.FP32, 1, torch.float32, CPU,
+                        int4_kernel="w4a8")
+    with pytest.raises(ValueError, match="int4_kernel must be one of"):
+        QuantizedLinear(torch.randn(16, 64), None, WeightFormat.INT4, WeightFormat.FP32, 1, torch.float32, CPU,
+                        int4_kernel="fast")
+    if not cpu_supports_cpu_ops():
+        return
+    proj = QuantizedLinear(torch.randn(40, 128), None, WeightFormat.INT4, WeightFormat.FP32, 4, torch.float32, CPU,
+                           int4_kernel="w4a8")
+    # 4 bits per weight, a bf16 scale and zero per group of 32: as many bytes as tinygemm's copy
+    assert proj.resident_bytes()["int4"] == 40 * 128 // 2 + 2 * 2 * 40 * 128 // 32
+    assert "int4 (w4a8)" in repr(proj)
+    proj.set_crossover(0)
+    assert proj.small is None and proj.int4_kernel is None and proj.w4a8_weight is None
+    assert set(proj.resident_bytes()) == {"fp32"}
+
+
 @pytest.mark.parametrize("fmt", [WeightFormat.INT4, WeightFormat.INT8])
 def test_quantized_at_load_stays_within_its_step(fmt: WeightFormat) -> None:
     weight = torch.randn(64, 96, generator=torch.Generator().manual_seed(2))
@@ -170,11 +222,12 @@ def test_large_format_follows_the_cpu() -> None:
     assert cpu_has_native_bf16() == bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
-def test_forward_traces_into_one_graph_per_side_of_the_crossover() -> None:
+@pytest.mark.parametrize("int4_kernel", INT4_KERNELS)
+def test_forward_traces_into_one_graph_per_side_of_the_crossover(int4_kernel: str) -> None:
     """The compiled decode step's contract: dynamo traces forward without graph breaks, with
     dynamic row counts, and the compiled result equals eager on both copies."""
     proj = QuantizedLinear(torch.randn(64, 64), torch.randn(64), WeightFormat.INT4, SERVED_LARGE, 4,
-                           torch.float32, CPU)
+                           torch.float32, CPU, int4_kernel=int4_kernel)
     compiled = torch.compile(proj, backend="eager", fullgraph=True, dynamic=True)
     for rows in (1, 3, 9, 17):
         x = torch.randn(rows, 64)

@@ -18,6 +18,7 @@ from paged_batch import PagedBatch
 
 from engine.model_loader import default_model_path, load_model_weights
 from engine.models.weight_format import cpu_has_native_bf16
+from kernels.cpu_ops import cpu_supports_cpu_ops
 
 pytestmark = pytest.mark.slow
 CPU = torch.device("cpu")
@@ -28,10 +29,16 @@ MIN_CLEAR_MARGIN = 0.25   # logits; a smaller lead is a near-tie that rounding m
 CROSSOVER_ROWS = 8   # fixed, so that the test does not depend on the load-time measurement
 
 
-@pytest.fixture(scope="module")
-def models(smollm2_float32):
-    """(float32 reference: the session's load, conftest.py; the quantized model; arch)."""
-    quantized, arch, _ = load_model_weights(default_model_path(), torch.float32, CPU, 512, "auto", CROSSOVER_ROWS)
+# the int4 kernels this CPU runs: tinygemm everywhere, w4a8 (int8 activations) with AVX512-VNNI
+INT4_KERNELS = ["tinygemm"] + (["w4a8"] if cpu_supports_cpu_ops() else [])
+
+
+@pytest.fixture(scope="module", params=INT4_KERNELS)
+def models(request, smollm2_float32):
+    """(float32 reference: the session's load, conftest.py; the quantized model with the int4
+    kernel of the parameter; arch)."""
+    quantized, arch, _ = load_model_weights(default_model_path(), torch.float32, CPU, 512, "auto", CROSSOVER_ROWS,
+                                            request.param)
     assert arch == smollm2_float32.arch
     return smollm2_float32.model, quantized, arch
 
@@ -49,7 +56,8 @@ def test_quantized_weights_track_float32(models, smollm2_tokenizer) -> None:
     reference, quantized, arch = models
     summary = quantized.weight_summary
     large = "bf16" if cpu_has_native_bf16() else "fp32"     # the CPU's large-batch format
-    assert summary.formats == {"layer": f"int4 + {large}", "head": f"int8 + {large}"}, summary
+    kernel = quantized.layers[0].projections()["qkv"].int4_kernel
+    assert summary.formats == {"layer": f"int4 ({kernel}) + {large}", "head": f"int8 + {large}"}, summary
     assert summary.crossover_rows == {"layer": CROSSOVER_ROWS, "head": CROSSOVER_ROWS}
     assert {fmt for copies in summary.resident_bytes.values() for fmt in copies} <= {"int4", "int8", large, "table"}
     chat = [{"role": "user", "content": "Explain in two sentences why the sky is blue."}]
