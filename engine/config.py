@@ -73,7 +73,7 @@ class EngineConfig:
     num_threads: int | None = None
     leave_api_core: bool = False
     crossover_rows: int | None = None
-    int4_kernel: str = "auto"
+    int4_kernel: str = "tinygemm"
     chat_template: str | None = None
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     request_timeout_s: float | None = None

@@ -175,10 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
              "measured at load; pin it so that --compile's cached graphs match from start to start)",
     )
     serve.add_argument(
-        "--int4-kernel", choices=("auto", "w4a8", "tinygemm"), default="auto",
+        "--int4-kernel", choices=("auto", "w4a8", "tinygemm"), default="tinygemm",
         help="kernel of the int4 weight copies: w4a8 (int8 activations per group of 32, AVX512-VNNI, "
              "built with the system C++ compiler once per machine), tinygemm (torch's, bf16 "
-             "activations); auto (default) takes w4a8 where the CPU has AVX512-VNNI",
+             "activations; the default); auto takes w4a8 where the CPU has AVX512-VNNI",
     )
     serve.add_argument(
         "--compile-cache-dir", default=None,

@@ -278,7 +278,7 @@ class CausalLM(nn.Module):
         self.weight_summary = replace(summary, resident_bytes={**summary.resident_bytes, **embedding})
 
     def weight_builder(self, quantization: str, crossover_rows: int | None = None,
-                       int4_kernel: str = "auto") -> WeightBuilder:
+                       int4_kernel: str = "tinygemm") -> WeightBuilder:
         """A WeightBuilder for this model's shapes, dtype and device (engine/models/weight_plan.py)."""
         return WeightBuilder(quantization, self.dtype, self.device, crossover_rows, int4_kernel)
 

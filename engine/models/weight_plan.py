@@ -81,7 +81,7 @@ class WeightBuilder:
     dtype: torch.dtype
     device: torch.device
     crossover_rows: int | None = None
-    int4_kernel: str = "auto"
+    int4_kernel: str = "tinygemm"
     native_bf16: bool = field(default_factory=cpu_has_native_bf16)
 
     def __post_init__(self) -> None:
