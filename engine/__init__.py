@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from engine.config import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
+from engine.config import (
+    DEFAULT_INT4_KERNEL, DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, INT4_KERNEL_CHOICES, EngineConfig,
+)
 from engine.errors import (
     ContextLengthExceeded,
     EngineDeadError,
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
 
 __all__ = [
+    "DEFAULT_INT4_KERNEL",
     "DEFAULT_KV_CACHE_MEMORY_BYTES",
     "DEFAULT_MAX_WAITING_REQUESTS",
     "AsyncEngine",

@@ -13,6 +13,9 @@ DEFAULT_KV_CACHE_MEMORY_BYTES = 2 * 1024**3
 DEFAULT_MAX_WAITING_REQUESTS = 256
 # On CPU a 256-token SmolLM2 prefill chunk takes ~0.2-0.5 s; a whole 2048-token budget, seconds.
 DEFAULT_CPU_LONG_PREFILL_TOKENS = 256
+# kernels of the int4 weight copies (engine/models/weight_plan.py, resolve_int4_kernel)
+INT4_KERNEL_CHOICES = ("auto", "w4a8", "tinygemm")
+DEFAULT_INT4_KERNEL = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +76,7 @@ class EngineConfig:
     num_threads: int | None = None
     leave_api_core: bool = False
     crossover_rows: int | None = None
-    int4_kernel: str = "tinygemm"
+    int4_kernel: str = DEFAULT_INT4_KERNEL
     chat_template: str | None = None
     max_waiting_requests: int = DEFAULT_MAX_WAITING_REQUESTS
     request_timeout_s: float | None = None
@@ -98,8 +101,9 @@ class EngineConfig:
             raise InvalidSamplingParams("quantization must be auto, none, int8 or int4", param="quantization")
         if self.crossover_rows is not None and self.crossover_rows < 0:
             raise InvalidSamplingParams("crossover_rows must be >= 0", param="crossover_rows")
-        if self.int4_kernel not in ("auto", "w4a8", "tinygemm"):
-            raise InvalidSamplingParams("int4_kernel must be auto, w4a8 or tinygemm", param="int4_kernel")
+        if self.int4_kernel not in INT4_KERNEL_CHOICES:
+            raise InvalidSamplingParams(f"int4_kernel must be one of {', '.join(INT4_KERNEL_CHOICES)}",
+                                        param="int4_kernel")
         if self.num_threads is not None and self.num_threads < 1:
             raise InvalidSamplingParams("num_threads must be >= 1", param="num_threads")
         if self.kv_cache_memory_bytes <= 0:

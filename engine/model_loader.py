@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from engine.errors import ModelLoadError
+from engine.config import DEFAULT_INT4_KERNEL
 from engine.gguf_weights import gguf_config, iter_gguf_weights, open_gguf
 from engine.models import ModelArch, get_model_class
 from engine.models.weight_plan import WeightSummary
@@ -85,7 +86,7 @@ def resolve_max_model_len(arch: ModelArch, max_model_len: int | None) -> int:
 
 def load_model_weights(
     path: str, dtype: torch.dtype, device: torch.device, max_model_len: int | None = None,
-    quantization: str = "none", crossover_rows: int | None = None, int4_kernel: str = "tinygemm",
+    quantization: str = "none", crossover_rows: int | None = None, int4_kernel: str = DEFAULT_INT4_KERNEL,
 ) -> tuple[CausalLM, ModelArch, int]:
     """Build the model of a GGUF file or Hugging Face folder without its tokenizer.
 
@@ -137,7 +138,7 @@ def prepare_cpu_kernels() -> bool:
 
 def load_model(
     path: str | None, dtype: torch.dtype, device: torch.device, max_model_len: int | None,
-    quantization: str = "none", crossover_rows: int | None = None, int4_kernel: str = "tinygemm",
+    quantization: str = "none", crossover_rows: int | None = None, int4_kernel: str = DEFAULT_INT4_KERNEL,
 ) -> LoadedModel:
     """Load weights and tokenizer of `path` (None = the default SmolLM2 GGUF) and log one line. `quantization`, `crossover_rows`, `int4_kernel`: see `load_model_weights`.
     Raises ModelLoadError (see `load_model_weights`, `default_model_path`, `load_tokenizer`)."""

@@ -19,7 +19,8 @@ from api.responses.store import StoreUnavailable
 from api.cli.lora_flags import add_lora_arguments, lora_config_from_args
 from api.cli.replica_flags import add_replica_arguments, serve_on_replicas
 from constrained import GrammarConfig
-from engine import DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
+from engine import DEFAULT_INT4_KERNEL, DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
+from engine import INT4_KERNEL_CHOICES
 from engine import EngineError
 from lora.errors import LoraError
 from toolparsers import TOOL_PARSERS
@@ -175,10 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
              "measured at load; pin it so that --compile's cached graphs match from start to start)",
     )
     serve.add_argument(
-        "--int4-kernel", choices=("auto", "w4a8", "tinygemm"), default="tinygemm",
+        "--int4-kernel", choices=INT4_KERNEL_CHOICES, default=DEFAULT_INT4_KERNEL,
         help="kernel of the int4 weight copies: w4a8 (int8 activations per group of 32, AVX512-VNNI, "
              "built with the system C++ compiler once per machine), tinygemm (torch's, bf16 "
-             "activations; the default); auto takes w4a8 where the CPU has AVX512-VNNI",
+             "activations); auto (default) takes w4a8 where the CPU has AVX512-VNNI, else tinygemm",
     )
     serve.add_argument(
         "--compile-cache-dir", default=None,

@@ -15,8 +15,9 @@ from pydantic import Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel, RequestModel
-from api.protocol.validators import not_supported, reject_type, type_of
+from api.protocol.validators import not_supported, other_type, reject_type, type_of
 
+SERVED_BLOCK_TYPES = ("text", "tool_use", "tool_result")
 _MEDIA_BLOCK_TYPES = frozenset({"image", "document", "search_result", "container_upload"})
 
 
@@ -48,7 +49,7 @@ class ToolResultBlock(NestedModel):
 class UnsupportedBlock(NestedModel):
     """Any other block type: rejected with a message naming it."""
 
-    type: str
+    type: str = other_type(*SERVED_BLOCK_TYPES)
 
     @field_validator("type")
     @classmethod
@@ -70,7 +71,7 @@ def _block_tag(value: Any) -> str | None:
     tag = type_of(value)
     if tag is None:
         return None
-    return tag if tag in ("text", "tool_use", "tool_result") else "other"
+    return tag if tag in SERVED_BLOCK_TYPES else "other"
 
 
 ContentBlock = Annotated[
@@ -101,7 +102,7 @@ class CustomTool(NestedModel):
 class UnsupportedTool(NestedModel):
     """A server tool (web_search, bash, code_execution, ...): rejected naming its type."""
 
-    type: str
+    type: str = other_type("custom")
 
     _reject = field_validator("type")(
         reject_type("tool type '{t}' is not supported by this server; only client tools with an input_schema are")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationInfo
+from pydantic import Field, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 
@@ -33,6 +33,13 @@ def reject_type(message: str) -> Callable[[type, str], str]:
         raise PydanticCustomError("not_supported", message, {"t": value})
 
     return reject
+
+
+def other_type(*served: str) -> Any:
+    """The `type` field of a tagged union's catch-all model (the one that refuses every type the
+    union does not serve): required, and in the OpenAPI schema any string except `served`, so that
+    a valid member matches exactly one branch of the union's `oneOf`."""
+    return Field(json_schema_extra={"not": {"enum": list(served)}})
 
 
 def type_of(value: Any) -> Any:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention_metadata import AttentionMetadata
+from engine.config import DEFAULT_INT4_KERNEL
 from engine.errors import ModelLoadError
 from engine.models.arch import ModelArch
 from engine.models.quantized_linear import QuantizedLinear
@@ -278,7 +279,7 @@ class CausalLM(nn.Module):
         self.weight_summary = replace(summary, resident_bytes={**summary.resident_bytes, **embedding})
 
     def weight_builder(self, quantization: str, crossover_rows: int | None = None,
-                       int4_kernel: str = "tinygemm") -> WeightBuilder:
+                       int4_kernel: str = DEFAULT_INT4_KERNEL) -> WeightBuilder:
         """A WeightBuilder for this model's shapes, dtype and device (engine/models/weight_plan.py)."""
         return WeightBuilder(quantization, self.dtype, self.device, crossover_rows, int4_kernel)
 

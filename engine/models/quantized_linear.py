@@ -49,8 +49,8 @@ class QuantizedLinear(nn.Module):
     `weight` (its qvals tensor is then shared, e.g. with a tied embedding). `int4_kernel` picks the
     INT4 copy's kernel and layout: "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, activations
     rounded to bf16) or "w4a8" (kernels/w4a8_linear.py: activations quantized to int8 per group of
-    32, AVX512-VNNI; in_features a multiple of 64). Raises ValueError for INT4 with in_features not
-    a multiple of 32 (64 for w4a8), for an unknown `int4_kernel`, for a format off CPU, for a
+    32, AVX512-VNNI). Raises ValueError for INT4 with in_features not
+    a multiple of 32, for an unknown `int4_kernel`, for a format off CPU, for a
     quantized `large`, or for BF16 on a CPU whose oneDNN has no bf16 linear
     (`onednn_bf16_supported`: AVX2-only CPUs).
     """
@@ -94,9 +94,9 @@ class QuantizedLinear(nn.Module):
                              persistent=False)
         self.register_buffer("int4_weight", int4[0], persistent=False)         # uint8 [out padded to 16, in // 2]
         self.register_buffer("int4_scales_zeros", int4[1], persistent=False)   # bf16 [in // 32, out padded, 2]
-        self.register_buffer("w4a8_weight", w4a8[0], persistent=False)          # uint8 [out, in // 2]
-        self.register_buffer("w4a8_scales", w4a8[1], persistent=False)          # bf16 [out, in // 32]
-        self.register_buffer("w4a8_zeros", w4a8[2], persistent=False)           # bf16 [out, in // 32]
+        self.register_buffer("w4a8_weight", w4a8[0], persistent=False)     # uint8 [ceil(out / 16), in * 8]
+        self.register_buffer("w4a8_scales", w4a8[1], persistent=False)     # bf16 [ceil(out / 16), in // 32, 16]
+        self.register_buffer("w4a8_zeros", w4a8[2], persistent=False)      # bf16, as the scales
         self.register_buffer("int8_weight", None if int8 is None else int8.qvals, persistent=False)   # int8 [out, in]
         self.register_buffer("int8_scales", None if int8 is None else int8.scales.to(torch.bfloat16),
                              persistent=False)                                   # bf16 [out]
@@ -113,7 +113,8 @@ class QuantizedLinear(nn.Module):
         if self.w4a8_weight is not None:
             # the operator itself (loaded when this copy was packed), not kernels' Python wrapper,
             # whose load check would break torch.compile's graph
-            y = torch.ops.structserve_cpu.w4a8_linear(x.float(), self.w4a8_weight, self.w4a8_scales, self.w4a8_zeros)
+            y = torch.ops.structserve_cpu.w4a8_linear(x.float(), self.w4a8_weight, self.w4a8_scales, self.w4a8_zeros,
+                                                      self.out_features)
             return y.to(x.dtype)
         xb = x.to(torch.bfloat16)
         if self.int4_weight is not None:
@@ -163,13 +164,11 @@ class QuantizedLinear(nn.Module):
 
 
 def _pack_w4a8(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The w4a8 kernel's layout of the 4-bit weight (kernels/w4a8_linear.py `pack_w4a8`), the
-    kernel loaded. Raises ValueError for in_features not a multiple of 64, CpuOpsUnavailable where
-    the kernel cannot run."""
-    if groups.shape[1] % 64:
-        raise ValueError(f"the w4a8 kernel needs in_features divisible by 64, got {groups.shape[1]}")
+    """(packed, scales, zeros): the w4a8 kernel's layout of the 4-bit weight (kernels/w4a8_linear.py
+    `pack_w4a8`), the kernel loaded. Raises CpuOpsUnavailable where the kernel cannot run."""
     load_cpu_ops()
-    return pack_w4a8(groups.qvals, groups.scales, groups.zeros)
+    packed, scales, zeros, _ = pack_w4a8(groups.qvals, groups.scales, groups.zeros)
+    return packed, scales, zeros
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:

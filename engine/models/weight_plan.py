@@ -9,9 +9,10 @@ from typing import Literal
 
 import torch
 
+from engine.config import DEFAULT_INT4_KERNEL, INT4_KERNEL_CHOICES
 from engine.errors import ModelLoadError
 from engine.models.crossover import measure_crossovers
-from engine.models.quantized_linear import INT4_KERNELS, QuantizedLinear
+from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, cat_rows, dequantize
 from engine.models.weight_format import WeightFormat, cpu_has_native_bf16, large_batch_format
 from kernels.cpu_ops import CpuOpsUnavailable, cpu_supports_cpu_ops, load_cpu_ops
@@ -19,8 +20,6 @@ from kernels.cpu_ops import CpuOpsUnavailable, cpu_supports_cpu_ops, load_cpu_op
 logger = logging.getLogger(__name__)
 
 QUANTIZATION_CHOICES = ("auto", "none", "int8", "int4")
-INT4_KERNEL_CHOICES = ("auto", *INT4_KERNELS)
-W4A8_IN_MULTIPLE = 64    # the w4a8 kernel's in_features granularity; other int4 projections use tinygemm
 Role = Literal["layer", "head"]
 
 
@@ -81,7 +80,7 @@ class WeightBuilder:
     dtype: torch.dtype
     device: torch.device
     crossover_rows: int | None = None
-    int4_kernel: str = "tinygemm"
+    int4_kernel: str = DEFAULT_INT4_KERNEL
     native_bf16: bool = field(default_factory=cpu_has_native_bf16)
 
     def __post_init__(self) -> None:
@@ -125,8 +124,8 @@ class WeightBuilder:
         weight = parts[0] if len(parts) == 1 else cat_rows(parts)
         small = self.small_format(parts, role)
         large = large_batch_format(self.device, self.dtype, small is not None, self.native_bf16)
-        kernel = self.int4_kernel if weight.shape[1] % W4A8_IN_MULTIPLE == 0 else "tinygemm"
-        return QuantizedLinear(weight, bias, small, large, 0, self.dtype, self.device, int8=int8, int4_kernel=kernel)
+        return QuantizedLinear(weight, bias, small, large, 0, self.dtype, self.device, int8=int8,
+                               int4_kernel=self.int4_kernel)
 
     def head_rows(self, source: SourceWeight) -> Int8Channels | None:
         """The LM head's / embedding's int8 rows when the head gets an INT8 copy, else None."""

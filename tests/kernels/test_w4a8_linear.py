@@ -12,7 +12,6 @@ import torch
 
 from kernels.cpu_ops import cpu_supports_cpu_ops, load_cpu_ops
 from kernels.w4a8_linear import (
-    lane_order,
     pack_w4a8,
     quantize_activations,
     unpack_w4a8,
@@ -21,10 +20,10 @@ from kernels.w4a8_linear import (
 )
 
 NEEDS_VNNI = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the W4A8 kernel")
-# (M, K, N): every x-row branch of the kernel (1, 2, 3, 4 and 4 + rest), K with and without a last
-# pair (K % 128 == 64), N off the 4-row and 16-row blocking
-SHAPES = [(1, 64, 5), (1, 576, 960), (2, 128, 17), (3, 192, 33), (4, 1536, 64), (5, 576, 19), (6, 256, 48),
-          (7, 320, 3), (8, 576, 3072), (9, 128, 1)]
+# (M, K, N): every x-row branch of the kernel (1, 2, 3, 4 and 4 + rest), K of one group and odd
+# group counts, N off the 16-row blocks (a last, partial block) and on them
+SHAPES = [(1, 64, 5), (1, 576, 960), (2, 128, 17), (3, 96, 33), (4, 1536, 64), (5, 576, 19), (6, 256, 48),
+          (7, 32, 3), (8, 576, 3072), (9, 160, 1)]
 
 
 def random_weight(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -41,27 +40,32 @@ def held_weight(qvals: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) 
     return (qvals.float() - 8) * scales.repeat_interleave(32, 1) + zeros.repeat_interleave(32, 1)
 
 
-def test_lane_order_puts_four_consecutive_inputs_of_alternating_groups_in_each_int32_lane() -> None:
-    order = lane_order()
-    assert sorted(order.tolist()) == list(range(64))
-    for lane in range(16):
-        group, first = lane % 2, 4 * (lane // 2)
-        assert order[4 * lane:4 * lane + 4].tolist() == [32 * group + first + r for r in range(4)]
+def test_each_int32_lane_holds_one_row_and_four_inputs_per_nibble() -> None:
+    qvals, scales, zeros = random_weight(20, 64, seed=4)
+    packed = pack_w4a8(qvals, scales, zeros).packed
+    for block, octet, row, t in [(0, 0, 0, 0), (0, 3, 15, 2), (1, 7, 3, 3), (1, 5, 4, 1)]:
+        byte = int(packed[block, 64 * octet + 4 * row + t])
+        n = 16 * block + row
+        assert byte & 0x0F == (int(qvals[n, 8 * octet + t]) if n < 20 else 0)
+        assert byte >> 4 == (int(qvals[n, 8 * octet + 4 + t]) if n < 20 else 0)
 
 
-@pytest.mark.parametrize("k", [64, 128, 192, 576])
-def test_pack_unpacks_to_the_same_values(k: int) -> None:
-    qvals, scales, zeros = random_weight(7, k, seed=k)
-    packed, packed_scales, packed_zeros = pack_w4a8(qvals, scales, zeros)
-    assert packed.dtype == torch.uint8 and packed.shape == (7, k // 2)
-    assert packed_scales.dtype == torch.bfloat16 and packed_scales.shape == (7, k // 32)
-    assert torch.equal(unpack_w4a8(packed), qvals.to(torch.uint8))
-    assert torch.equal(packed_scales.float(), scales) and torch.equal(packed_zeros.float(), zeros)
+@pytest.mark.parametrize(("n", "k"), [(7, 32), (16, 128), (33, 192), (5, 576)])
+def test_pack_unpacks_to_the_same_values(n: int, k: int) -> None:
+    qvals, scales, zeros = random_weight(n, k, seed=k)
+    weight = pack_w4a8(qvals, scales, zeros)
+    blocks = -(-n // 16)
+    assert weight.packed.dtype == torch.uint8 and weight.packed.shape == (blocks, k * 8)
+    assert weight.scales.dtype == torch.bfloat16 and weight.scales.shape == (blocks, k // 32, 16)
+    assert weight.out_features == n
+    held, held_scales, held_zeros = unpack_w4a8(weight)
+    assert torch.equal(held, qvals.to(torch.uint8))
+    assert torch.equal(held_scales.float(), scales) and torch.equal(held_zeros.float(), zeros)
 
 
 def test_pack_refuses_what_the_kernel_cannot_hold() -> None:
-    qvals, scales, zeros = random_weight(4, 96, seed=0)
-    with pytest.raises(ValueError, match="divisible by 64"):
+    qvals, scales, zeros = random_weight(4, 48, seed=0)
+    with pytest.raises(ValueError, match="divisible by 32"):
         pack_w4a8(qvals, scales, zeros)
     qvals, scales, zeros = random_weight(4, 64, seed=0)
     with pytest.raises(ValueError, match="0..15"):
@@ -114,7 +118,7 @@ def test_kernel_matches_the_reference(m: int, k: int, n: int) -> None:
 def test_kernel_is_the_same_on_one_thread_and_on_every_thread() -> None:
     qvals, scales, zeros = random_weight(3072, 576, seed=5)
     packed = pack_w4a8(qvals, scales, zeros)
-    x = torch.randn(2, 576, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(6, 576, generator=torch.Generator().manual_seed(5))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -125,16 +129,30 @@ def test_kernel_is_the_same_on_one_thread_and_on_every_thread() -> None:
 
 
 @NEEDS_VNNI
+def test_a_row_gives_the_same_bits_in_any_batch() -> None:
+    """Each (x row, weight row) pair runs the same operations whatever M is: a request's
+    projection does not depend on the rows batched with it."""
+    qvals, scales, zeros = random_weight(200, 576, seed=6)
+    packed = pack_w4a8(qvals, scales, zeros)
+    x = torch.randn(9, 576, generator=torch.Generator().manual_seed(6))
+    together = w4a8_linear(x, *packed)
+    for m in range(9):
+        assert torch.equal(w4a8_linear(x[m:m + 1], *packed)[0], together[m])
+    assert torch.equal(w4a8_linear(x[2:5], *packed), together[2:5])
+
+
+@NEEDS_VNNI
 def test_kernel_refuses_bad_inputs_with_its_reason() -> None:
     qvals, scales, zeros = random_weight(8, 128, seed=2)
-    packed, packed_scales, packed_zeros = pack_w4a8(qvals, scales, zeros)
+    packed, packed_scales, packed_zeros, n = pack_w4a8(qvals, scales, zeros)
     with pytest.raises(RuntimeError, match="x must be float32"):
-        w4a8_linear(torch.randn(1, 128, dtype=torch.bfloat16), packed, packed_scales, packed_zeros)
-    with pytest.raises(RuntimeError, match=r"packed is \[N, K / 2\]"):
-        w4a8_linear(torch.randn(1, 192), packed, packed_scales, packed_zeros)
-    with pytest.raises(RuntimeError, match="multiple of 64"):
-        w4a8_linear(torch.randn(1, 96), packed[:, :48].contiguous(), packed_scales[:, :3].contiguous(),
-                    packed_zeros[:, :3].contiguous())
+        w4a8_linear(torch.randn(1, 128, dtype=torch.bfloat16), packed, packed_scales, packed_zeros, n)
+    with pytest.raises(RuntimeError, match=r"packed is uint8 \[ceil\(N / 16\), K \* 8\]"):
+        w4a8_linear(torch.randn(1, 192), packed, packed_scales, packed_zeros, n)
+    with pytest.raises(RuntimeError, match=r"packed is uint8"):
+        w4a8_linear(torch.randn(1, 128), packed, packed_scales, packed_zeros, 17)   # 2 blocks, 1 held
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        w4a8_linear(torch.randn(1, 100), packed, packed_scales, packed_zeros, n)
 
 
 @NEEDS_VNNI

@@ -100,11 +100,12 @@ def make_adapters(tmp: Path, base_dir: Path, specs: dict[str, tuple] = ADAPTER_S
 
 
 def make_engine(base_dir: Path, lora: LoraConfig | None, tokenizer: Any = None, max_model_len: int | None = None,
-                quantization: str = "none", crossover_rows: int | None = None, **overrides: Any) -> LLMEngine:
+                quantization: str = "none", crossover_rows: int | None = None, int4_kernel: str = "auto",
+                **overrides: Any) -> LLMEngine:
     """An LLMEngine on the CPU in float32 over the model in `base_dir` (ByteTokenizer by default),
-    its weights as `quantization` makes them (engine/models/weight_plan.py)."""
+    its weights as `quantization` and `int4_kernel` make them (engine/models/weight_plan.py)."""
     model, arch, max_model_len = load_model_weights(str(base_dir), torch.float32, torch.device("cpu"), max_model_len,
-                                                    quantization, crossover_rows)
+                                                    quantization, crossover_rows, int4_kernel)
     options = {"max_num_seqs": 16, "max_num_batched_tokens": 256, "block_size": 4,
                "kv_cache_memory_bytes": 2 * 1024**2, "lora": lora, **overrides}
     config = EngineConfig(**options)

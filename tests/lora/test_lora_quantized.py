@@ -35,7 +35,10 @@ def test_adapters_on_a_quantized_base_match_peft_on_its_weights(tmp_path, quanti
     fake = fake_quantized_copy(tmp_path / "base", tmp_path / "fake", quantization)
     lora = LoraConfig(max_loras=2, max_lora_rank=8,
                       modules=tuple(LoraModuleSpec(name, str(folder)) for name, folder in folders.items()))
-    engine = make_engine(tmp_path / "base", lora, quantization=quantization, crossover_rows=4)
+    # tinygemm: a weight-only kernel, so the float reference on the held weights is exact up to bf16
+    # activations; the w4a8 kernel also rounds activations to int8 per group, which flips near-tied
+    # tokens of this random model (its products are checked in tests/kernels/test_w4a8_linear.py)
+    engine = make_engine(tmp_path / "base", lora, quantization=quantization, crossover_rows=4, int4_kernel="tinygemm")
     large = "bf16" if cpu_has_native_bf16() else "fp32"     # the CPU's large-batch format
     held, served_large = engine.runner.model.weight_summary.formats["layer"].split(" + ")
     assert held.split(" (")[0] == quantization and served_large == large   # "int4 (tinygemm)"

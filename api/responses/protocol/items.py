@@ -16,7 +16,7 @@ from pydantic import Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel
-from api.protocol.validators import type_of
+from api.protocol.validators import other_type, type_of
 
 SUPPORTED_ITEM_TYPES = ("message", "function_call", "function_call_output")
 _TEXT_PART_TYPES = ("input_text", "output_text")
@@ -40,7 +40,7 @@ class RefusalPart(NestedModel):
 class UnsupportedPart(NestedModel):
     """Any other content part type: rejected with a message naming it."""
 
-    type: str
+    type: str = other_type(*_TEXT_PART_TYPES, "refusal")
 
     @field_validator("type")
     @classmethod
@@ -120,7 +120,7 @@ class FunctionCallOutputItem(NestedModel):
 class UnsupportedItem(NestedModel):
     """Any other item type: rejected with a message naming it."""
 
-    type: str
+    type: str = other_type(*SUPPORTED_ITEM_TYPES)
 
     @field_validator("type")
     @classmethod

@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from api.protocol.common import NestedModel, RequestModel
 from api.protocol.sampling_fields import SEED_SCHEMA, TEMPERATURE_SCHEMA
-from api.protocol.validators import Stop, reject_type, reject_when_set, type_of
+from api.protocol.validators import Stop, other_type, reject_type, reject_when_set, type_of
 from api.responses.protocol.items import InputItem
 from engine import MAX_LOGPROBS
 
@@ -38,7 +38,7 @@ class FunctionTool(NestedModel):
 class UnsupportedTool(NestedModel):
     """A hosted or non-function tool (web_search, file_search, computer_use_preview, mcp, ...)."""
 
-    type: str
+    type: str = other_type("function")
 
     _reject = field_validator("type")(
         reject_type("tool type '{t}' is not supported by this server; only 'function' tools are")
@@ -68,7 +68,7 @@ class FunctionToolChoice(NestedModel):
 class UnsupportedToolChoice(NestedModel):
     """A tool choice naming a hosted tool, allowed_tools, mcp, custom, ...: rejected."""
 
-    type: str
+    type: str = other_type("function")
 
     _reject = field_validator("type")(
         reject_type("tool_choice type '{t}' is not supported; send none, auto, required or a function")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import httpx
+import jsonschema
 import pytest
 
 from api.http.openapi import REQUEST_BODIES
@@ -40,3 +41,39 @@ async def test_errors_are_documented_as_openai_objects(client: httpx.AsyncClient
     error_info = document["components"]["schemas"]["ErrorInfo"]
     assert set(error_info["properties"]) == {"message", "type", "param", "code"}
     assert "content" not in document["paths"]["/health"]["get"]["responses"]["200"]   # empty body
+
+
+# Bodies this server serves, one per member of each tagged union with a catch-all branch (the
+# Unsupported* models that refuse other types): each must match exactly one branch of the union's
+# `oneOf` in the published document, or a schema-driven client (or fuzzer) reads it as invalid.
+_SERVED_BODIES = {
+    "ResponsesRequest": [
+        {"input": [{"type": "function_call", "call_id": "0", "name": "f", "arguments": "", "id": ""},
+                   {"type": "function_call_output", "call_id": "0", "output": "ok"},
+                   {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"},
+                                                                        {"type": "refusal", "refusal": "no"}]},
+                   {"role": "user", "content": [{"type": "input_text", "text": "b"}]}],
+         "tools": [{"type": "function", "name": "f", "parameters": {}}],
+         "tool_choice": {"type": "function", "name": "f"}},
+    ],
+    "MessagesRequest": [
+        {"model": "m", "max_tokens": 4, "tools": [{"name": "a", "input_schema": {}},
+                                                 {"type": "custom", "name": "b", "input_schema": {}}],
+         "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "a", "input": {}}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "y"}]}]},
+    ],
+}
+
+
+async def test_served_union_members_match_one_branch(client: httpx.AsyncClient) -> None:
+    document = (await client.get("/openapi.json")).json()
+    for model, bodies in _SERVED_BODIES.items():
+        schema = {"$ref": f"#/components/schemas/{model}", "components": document["components"]}
+        for body in bodies:
+            jsonschema.validate(body, schema)
+        refused = {**bodies[0], "tools": [{"type": "web_search"}]}   # the catch-all branch alone
+        jsonschema.validate(refused, schema)
+        wrong = {**bodies[0], "tools": [{"type": "function" if model == "ResponsesRequest" else "custom"}]}
+        with pytest.raises(jsonschema.ValidationError):   # a served type missing its fields
+            jsonschema.validate(wrong, schema)
