@@ -24,12 +24,14 @@ from torch import nn
 
 from engine.models.onednn_linear import onednn_linear
 from kernels.cpu_ops import load_cpu_ops
+from kernels.int8_linear import int8_linear_ref  # noqa: F401  (registers the operator's shapes)
 from kernels.w4a8_linear import pack_w4a8
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
 from engine.models.weight_format import WeightFormat, onednn_bf16_supported
 
 PACK_BATCH_HINT = 32    # rows oneDNN's reorder is tuned for; any row count works with the copy
 INT4_KERNELS = ("tinygemm", "w4a8")
+INT8_KERNELS = ("int8pack", "w8a32")
 _SMALL_COPY_BUFFERS = ("int4_weight", "int4_scales_zeros", "w4a8_weight", "w4a8_scales", "w4a8_zeros",
                        "int8_weight", "int8_scales")
 _INT4_ROW_MULTIPLE = 16  # `_convert_weight_to_int4pack_for_cpu` needs out_features divisible by 16
@@ -57,10 +59,13 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, weight: SourceWeight, bias: torch.Tensor | None, small: WeightFormat | None,
                  large: WeightFormat, crossover_rows: int, dtype: torch.dtype, device: torch.device,
-                 int8: Int8Channels | None = None, int4_kernel: str = "tinygemm") -> None:
+                 int8: Int8Channels | None = None, int4_kernel: str = "tinygemm",
+                 int8_kernel: str = "int8pack") -> None:
         super().__init__()
         if int4_kernel not in INT4_KERNELS:
             raise ValueError(f"int4_kernel must be one of {INT4_KERNELS}, got {int4_kernel!r}")
+        if int8_kernel not in INT8_KERNELS:
+            raise ValueError(f"int8_kernel must be one of {INT8_KERNELS}, got {int8_kernel!r}")
         if large.is_quantized or (small is not None and not small.is_quantized):
             raise ValueError(f"small copy must be int4/int8 and large copy float, got {small} / {large}")
         if device.type != "cpu" and (small is not None or large is not WeightFormat.DENSE):
@@ -71,6 +76,9 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.small, self.large = small, large
         self.int4_kernel = int4_kernel if small is WeightFormat.INT4 else None
+        self.int8_kernel = int8_kernel if small is WeightFormat.INT8 else None
+        if self.int8_kernel == "w8a32":
+            load_cpu_ops()
         self.crossover_rows = crossover_rows if small is not None else 0
         groups: Int4Groups | None = None
         if small is WeightFormat.INT4:
@@ -121,6 +129,8 @@ class QuantizedLinear(nn.Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
             if y.shape[1] != self.out_features:   # rows padded for the packing
                 y = y[:, :self.out_features].contiguous()
+        elif self.int8_weight is not None and self.int8_kernel == "w8a32":
+            return torch.ops.structserve_cpu.int8_linear(x.float(), self.int8_weight, self.int8_scales).to(x.dtype)
         elif self.int8_weight is not None:
             y = torch.ops.aten._weight_int8pack_mm(xb, self.int8_weight, self.int8_scales)
         else:
@@ -140,7 +150,7 @@ class QuantizedLinear(nn.Module):
         self.crossover_rows = rows if self.small is not None else 0
         if self.crossover_rows == 0:
             self.small = None
-            self.int4_kernel = None
+            self.int4_kernel = self.int8_kernel = None
             for name in _SMALL_COPY_BUFFERS:
                 setattr(self, name, None)
 
@@ -155,10 +165,15 @@ class QuantizedLinear(nn.Module):
         sizes[self.large.value] = self.large_weight.numel() * self.large_weight.element_size() + bias_bytes
         return sizes
 
+    @property
+    def small_kernel(self) -> str | None:
+        """The small copy's kernel ("tinygemm", "w4a8", "int8pack", "w8a32"), None without one."""
+        return self.int4_kernel or self.int8_kernel
+
     def extra_repr(self) -> str:
         small = "none" if self.small is None else self.small.value
-        if self.int4_kernel is not None:
-            small += f" ({self.int4_kernel})"
+        if self.small_kernel is not None:
+            small += f" ({self.small_kernel})"
         return (f"in={self.in_features}, out={self.out_features}, small={small} (rows <= "
                 f"{self.crossover_rows}), large={self.large.value}, bias={self.bias is not None}")
 

@@ -73,7 +73,9 @@ class WeightBuilder:
     int4_kernel: the INT4 copies' kernel: "w4a8" (kernels/w4a8_linear.py, int8 activations,
     AVX512-VNNI), "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, bf16 activations) or "auto":
     w4a8 where the CPU has AVX512-VNNI and the kernel builds, tinygemm elsewhere (the choice is
-    logged). A projection whose in_features is not a multiple of 64 uses tinygemm either way.
+    logged).
+    int8_kernel (not an argument): the INT8 copies' kernel, "w8a32" (kernels/int8_linear.py) where
+    the C++ library loads, else "int8pack" (`resolve_int8_kernel`).
     """
 
     quantization: str
@@ -82,6 +84,7 @@ class WeightBuilder:
     crossover_rows: int | None = None
     int4_kernel: str = DEFAULT_INT4_KERNEL
     native_bf16: bool = field(default_factory=cpu_has_native_bf16)
+    int8_kernel: str = field(default="int8pack", init=False)
 
     def __post_init__(self) -> None:
         if self.quantization not in QUANTIZATION_CHOICES:
@@ -97,6 +100,8 @@ class WeightBuilder:
         # resolved only where int4 copies can exist; elsewhere the field is unused
         can_hold_int4 = self.device.type == "cpu" and self.quantization in ("auto", "int4")
         self.int4_kernel = resolve_int4_kernel(self.int4_kernel) if can_hold_int4 else "tinygemm"
+        can_hold_int8 = self.device.type == "cpu" and self.quantization != "none"
+        self.int8_kernel = resolve_int8_kernel() if can_hold_int8 else "int8pack"
 
     def small_format(self, parts: list[SourceWeight], role: Role) -> WeightFormat | None:
         """The few-rows format for a projection made of `parts`, or None for a float-only one.
@@ -125,7 +130,7 @@ class WeightBuilder:
         small = self.small_format(parts, role)
         large = large_batch_format(self.device, self.dtype, small is not None, self.native_bf16)
         return QuantizedLinear(weight, bias, small, large, 0, self.dtype, self.device, int8=int8,
-                               int4_kernel=self.int4_kernel)
+                               int4_kernel=self.int4_kernel, int8_kernel=self.int8_kernel)
 
     def head_rows(self, source: SourceWeight) -> Int8Channels | None:
         """The LM head's / embedding's int8 rows when the head gets an INT8 copy, else None."""
@@ -152,7 +157,7 @@ class WeightBuilder:
                 for fmt, size in proj.resident_bytes().items():
                     resident.setdefault(name, {})[fmt] = resident.get(name, {}).get(fmt, 0) + size
             small = projs[0].small
-            kernels = sorted({proj.int4_kernel for proj in projs if proj.int4_kernel is not None})
+            kernels = sorted({proj.small_kernel for proj in projs if proj.small_kernel is not None})
             held = "none" if small is None else small.value + (f" ({', '.join(kernels)})" if kernels else "")
             formats[name] = f"{held} + {projs[0].large.value}"
         return WeightSummary(self.quantization, torch.backends.cpu.get_cpu_capability(), self.native_bf16,
@@ -178,3 +183,17 @@ def resolve_int4_kernel(requested: str) -> str:
         return "tinygemm"
     logger.info("int4 kernel: w4a8 (AVX512-VNNI, int8 activations per group of 32)")
     return "w4a8"
+
+
+def resolve_int8_kernel() -> str:
+    """The int8 copies' kernel: "w8a32" (kernels/int8_linear.py: float32 activations, the int8 rows
+    widened in registers) where kernels/cpu_ops.py's library loads on this CPU, else "int8pack"
+    (torch's `_weight_int8pack_mm`, bf16 activations); logged."""
+    if not cpu_supports_cpu_ops():
+        return "int8pack"
+    try:
+        load_cpu_ops()
+    except (CpuOpsUnavailable, OSError, RuntimeError) as exc:
+        logger.warning("int8 kernel: int8pack (the w8a32 kernel is unavailable: %s)", exc)
+        return "int8pack"
+    return "w8a32"
