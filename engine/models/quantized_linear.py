@@ -24,7 +24,7 @@ from torch import nn
 
 from engine.models.onednn_linear import onednn_linear
 from kernels.cpu_ops import load_cpu_ops
-from kernels.int8_linear import int8_linear_ref  # noqa: F401  (registers the operator's shapes)
+import kernels.int8_linear  # noqa: F401  (registers the int8_linear operator's shapes for torch.compile)
 from kernels.w4a8_linear import pack_w4a8
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
 from engine.models.weight_format import WeightFormat, onednn_bf16_supported
