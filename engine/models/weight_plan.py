@@ -174,12 +174,11 @@ def resolve_int4_kernel(requested: str) -> str:
     if requested == "auto" and not cpu_supports_cpu_ops():
         logger.info("int4 kernel: tinygemm (this CPU lacks AVX512-VNNI for the w4a8 kernel)")
         return "tinygemm"
-    try:
-        load_cpu_ops()
-    except (CpuOpsUnavailable, OSError, RuntimeError) as exc:
+    error = _cpu_ops_error()
+    if error is not None:
         if requested == "w4a8":
-            raise ModelLoadError(f"--int4-kernel w4a8 cannot run here: {exc}") from exc
-        logger.warning("int4 kernel: tinygemm (the w4a8 kernel is unavailable: %s)", exc)
+            raise ModelLoadError(f"--int4-kernel w4a8 cannot run here: {error}") from error
+        logger.warning("int4 kernel: tinygemm (the w4a8 kernel is unavailable: %s)", error)
         return "tinygemm"
     logger.info("int4 kernel: w4a8 (AVX512-VNNI, int8 activations per group of 32)")
     return "w4a8"
@@ -188,12 +187,20 @@ def resolve_int4_kernel(requested: str) -> str:
 def resolve_int8_kernel() -> str:
     """The int8 copies' kernel: "w8a32" (kernels/int8_linear.py: float32 activations, the int8 rows
     widened in registers) where kernels/cpu_ops.py's library loads on this CPU, else "int8pack"
-    (torch's `_weight_int8pack_mm`, bf16 activations); logged."""
+    (torch's `_weight_int8pack_mm`, bf16 activations); a failed build is logged."""
     if not cpu_supports_cpu_ops():
         return "int8pack"
+    error = _cpu_ops_error()
+    if error is not None:
+        logger.warning("int8 kernel: int8pack (the w8a32 kernel is unavailable: %s)", error)
+        return "int8pack"
+    return "w8a32"
+
+
+def _cpu_ops_error() -> Exception | None:
+    """None once kernels/cpu_ops.py's library is loaded (built if needed), else why it is not."""
     try:
         load_cpu_ops()
     except (CpuOpsUnavailable, OSError, RuntimeError) as exc:
-        logger.warning("int8 kernel: int8pack (the w8a32 kernel is unavailable: %s)", exc)
-        return "int8pack"
-    return "w8a32"
+        return exc
+    return None
