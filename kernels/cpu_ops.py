@@ -7,7 +7,7 @@ The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_support
 whether this CPU has it. Built once per source set, compiler command and torch version into
 `$XDG_CACHE_HOME/structserve/kernels` (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE`
 overrides): about 7-10 s the first time on a machine, then a file load. Each kernel module
-(kernels/w4a8_linear.py, kernels/paged_decode_cpu.py) keeps a pure-torch reference that the tests
+(kernels/w4a8_linear.py, kernels/w8a16_linear.py, kernels/paged_attention.py) keeps a pure-torch reference that the tests
 compare against and that CPUs without these instructions run.
 """
 
@@ -26,6 +26,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("cpu")).glob("*.cpp"))
+HEADERS = sorted((Path(__file__).with_name("cpu")).glob("*.h"))   # included by the sources: part of the cache key
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 _lock = threading.Lock()
 _loaded: bool | None = None   # None: not tried yet
@@ -98,7 +99,8 @@ def _build() -> Path:
     command += ["-fopenmp"] + [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
     command += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
     digest = hashlib.sha256(" ".join([torch.__version__, *command]).encode())
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
+        digest.update(source.name.encode())
         digest.update(source.read_bytes())
     root = _cache_root()
     target = root / f"structserve_cpu_{digest.hexdigest()[:16]}.so"

@@ -295,7 +295,8 @@ class CausalLM(nn.Module):
 
     def _install_embedding(self, source: SourceWeight, builder: WeightBuilder) -> None:
         """The lookup table, and with tied embeddings the LM head over the same weight: an INT8 head
-        and the lookup share one int8 table; a float head keeps a dense table beside it."""
+        and the lookup share one int8 table (in the head's kernel layout); a float head keeps a
+        dense table beside it."""
         int8 = builder.head_rows(source)
         if self.arch.tie_word_embeddings:
             self.lm_head = builder.build([source], None, "head", int8=int8)
@@ -303,7 +304,8 @@ class CausalLM(nn.Module):
                 int8 = None
         shared = int8 is not None and self.arch.tie_word_embeddings
         if int8 is not None:
-            self.embed_tokens = TokenEmbedding(self.dtype, int8=int8, shares_rows=shared)
+            packed = self.lm_head.w8a16_weight if shared else None   # None: the head holds them row-major
+            self.embed_tokens = TokenEmbedding(self.dtype, int8=int8, shares_rows=shared, packed=packed)
         else:
             table = dequantize(source).to(device=self.device, dtype=self.dtype)
             self.embed_tokens = TokenEmbedding(self.dtype, table=table)

@@ -24,16 +24,16 @@ from torch import nn
 
 from engine.models.onednn_linear import onednn_linear
 from kernels.cpu_ops import load_cpu_ops
-import kernels.int8_linear  # noqa: F401  (registers the int8_linear operator's shapes for torch.compile)
 from kernels.w4a8_linear import pack_w4a8
+from kernels.w8a16_linear import pack_w8a16
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
 from engine.models.weight_format import WeightFormat, onednn_bf16_supported
 
 PACK_BATCH_HINT = 32    # rows oneDNN's reorder is tuned for; any row count works with the copy
 INT4_KERNELS = ("tinygemm", "w4a8")
-INT8_KERNELS = ("int8pack", "w8a32")
+INT8_KERNELS = ("int8pack", "w8a16")
 _SMALL_COPY_BUFFERS = ("int4_weight", "int4_scales_zeros", "w4a8_weight", "w4a8_scales", "w4a8_zeros",
-                       "int8_weight", "int8_scales")
+                       "int8_weight", "int8_scales", "w8a16_weight", "w8a16_scales")
 _INT4_ROW_MULTIPLE = 16  # `_convert_weight_to_int4pack_for_cpu` needs out_features divisible by 16
 
 
@@ -51,7 +51,10 @@ class QuantizedLinear(nn.Module):
     `weight` (its qvals tensor is then shared, e.g. with a tied embedding). `int4_kernel` picks the
     INT4 copy's kernel and layout: "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, activations
     rounded to bf16) or "w4a8" (kernels/w4a8_linear.py: activations quantized to int8 per group of
-    32, AVX512-VNNI). Raises ValueError for INT4 with in_features not
+    32, AVX512-VNNI). `int8_kernel` picks the INT8 copy's: "int8pack" (torch's
+    `_weight_int8pack_mm`, row-major, activations rounded to bf16) or "w8a16"
+    (kernels/w8a16_linear.py: activations as two int8 levels per group of 32, AVX512-VNNI; a
+    projection whose in_features is not a multiple of 32 keeps int8pack). Raises ValueError for INT4 with in_features not
     a multiple of 32, for an unknown `int4_kernel`, for a format off CPU, for a
     quantized `large`, or for BF16 on a CPU whose oneDNN has no bf16 linear
     (`onednn_bf16_supported`: AVX2-only CPUs).
@@ -76,9 +79,9 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = int(weight.shape[0]), int(weight.shape[1])
         self.small, self.large = small, large
         self.int4_kernel = int4_kernel if small is WeightFormat.INT4 else None
+        if int8_kernel == "w8a16" and self.in_features % GROUP_SIZE:
+            int8_kernel = "int8pack"
         self.int8_kernel = int8_kernel if small is WeightFormat.INT8 else None
-        if self.int8_kernel == "w8a32":
-            load_cpu_ops()
         self.crossover_rows = crossover_rows if small is not None else 0
         groups: Int4Groups | None = None
         if small is WeightFormat.INT4:
@@ -105,9 +108,13 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("w4a8_weight", w4a8[0], persistent=False)     # uint8 [ceil(out / 16), in * 8]
         self.register_buffer("w4a8_scales", w4a8[1], persistent=False)     # bf16 [ceil(out / 16), in // 32, 16]
         self.register_buffer("w4a8_zeros", w4a8[2], persistent=False)      # bf16, as the scales
-        self.register_buffer("int8_weight", None if int8 is None else int8.qvals, persistent=False)   # int8 [out, in]
-        self.register_buffer("int8_scales", None if int8 is None else int8.scales.to(torch.bfloat16),
+        int8pack = int8 if self.int8_kernel == "int8pack" else None
+        w8a16 = (None, None) if int8 is None or self.int8_kernel != "w8a16" else _pack_w8a16(int8)
+        self.register_buffer("int8_weight", None if int8pack is None else int8pack.qvals, persistent=False)  # int8 [out, in]
+        self.register_buffer("int8_scales", None if int8pack is None else int8pack.scales.to(torch.bfloat16),
                              persistent=False)                                   # bf16 [out]
+        self.register_buffer("w8a16_weight", w8a16[0], persistent=False)    # uint8 [ceil(out / 16), in * 16]
+        self.register_buffer("w8a16_scales", w8a16[1], persistent=False)    # bf16 [ceil(out / 16), 16]
         self.register_buffer("large_weight", _large_copy(held, large, dtype, device), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,20 +124,22 @@ class QuantizedLinear(nn.Module):
 
     def small_product(self, x: torch.Tensor) -> torch.Tensor:
         """`x @ W.T` through the INT4/INT8 copy, in x's dtype (no bias); x cast to bf16 for the
-        tinygemm and int8 kernels, quantized per group inside the w4a8 kernel."""
+        tinygemm and int8pack kernels, quantized per group inside the w4a8 and w8a16 kernels."""
+        # our kernels through their operators (loaded when the copy was packed), not kernels'
+        # Python wrappers, whose load check would break torch.compile's graph
         if self.w4a8_weight is not None:
-            # the operator itself (loaded when this copy was packed), not kernels' Python wrapper,
-            # whose load check would break torch.compile's graph
             y = torch.ops.structserve_cpu.w4a8_linear(x.float(), self.w4a8_weight, self.w4a8_scales, self.w4a8_zeros,
                                                       self.out_features)
+            return y.to(x.dtype)
+        if self.w8a16_weight is not None:
+            y = torch.ops.structserve_cpu.w8a16_linear(x.float(), self.w8a16_weight, self.w8a16_scales,
+                                                       self.out_features)
             return y.to(x.dtype)
         xb = x.to(torch.bfloat16)
         if self.int4_weight is not None:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.int4_weight, GROUP_SIZE, self.int4_scales_zeros)
             if y.shape[1] != self.out_features:   # rows padded for the packing
                 y = y[:, :self.out_features].contiguous()
-        elif self.int8_weight is not None and self.int8_kernel == "w8a32":
-            return torch.ops.structserve_cpu.int8_linear(x.float(), self.int8_weight, self.int8_scales).to(x.dtype)
         elif self.int8_weight is not None:
             y = torch.ops.aten._weight_int8pack_mm(xb, self.int8_weight, self.int8_scales)
         else:
@@ -167,7 +176,7 @@ class QuantizedLinear(nn.Module):
 
     @property
     def small_kernel(self) -> str | None:
-        """The small copy's kernel ("tinygemm", "w4a8", "int8pack", "w8a32"), None without one."""
+        """The small copy's kernel ("tinygemm", "w4a8", "int8pack", "w8a16"), None without one."""
         return self.int4_kernel or self.int8_kernel
 
     def extra_repr(self) -> str:
@@ -184,6 +193,14 @@ def _pack_w4a8(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     load_cpu_ops()
     packed, scales, zeros, _ = pack_w4a8(groups.qvals, groups.scales, groups.zeros)
     return packed, scales, zeros
+
+
+def _pack_w8a16(int8: Int8Channels) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed, scales): the w8a16 kernel's layout of the int8 weight (kernels/w8a16_linear.py
+    `pack_w8a16`), the kernel loaded. Raises CpuOpsUnavailable where the kernel cannot run."""
+    load_cpu_ops()
+    packed, scales, _ = pack_w8a16(int8.qvals, int8.scales)
+    return packed, scales
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:

@@ -74,7 +74,7 @@ class WeightBuilder:
     AVX512-VNNI), "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, bf16 activations) or "auto":
     w4a8 where the CPU has AVX512-VNNI and the kernel builds, tinygemm elsewhere (the choice is
     logged).
-    int8_kernel (not an argument): the INT8 copies' kernel, "w8a32" (kernels/int8_linear.py) where
+    int8_kernel (not an argument): the INT8 copies' kernel, "w8a16" (kernels/w8a16_linear.py) where
     the C++ library loads, else "int8pack" (`resolve_int8_kernel`).
     """
 
@@ -185,16 +185,17 @@ def resolve_int4_kernel(requested: str) -> str:
 
 
 def resolve_int8_kernel() -> str:
-    """The int8 copies' kernel: "w8a32" (kernels/int8_linear.py: float32 activations, the int8 rows
-    widened in registers) where kernels/cpu_ops.py's library loads on this CPU, else "int8pack"
-    (torch's `_weight_int8pack_mm`, bf16 activations); a failed build is logged."""
+    """The int8 copies' kernel: "w8a16" (kernels/w8a16_linear.py: activations as two int8 levels
+    per group of 32, AVX512-VNNI dot products) where kernels/cpu_ops.py's library loads on this
+    CPU, else "int8pack" (torch's `_weight_int8pack_mm`, bf16 activations); a failed build is
+    logged."""
     if not cpu_supports_cpu_ops():
         return "int8pack"
     error = _cpu_ops_error()
     if error is not None:
-        logger.warning("int8 kernel: int8pack (the w8a32 kernel is unavailable: %s)", error)
+        logger.warning("int8 kernel: int8pack (the w8a16 kernel is unavailable: %s)", error)
         return "int8pack"
-    return "w8a32"
+    return "w8a16"
 
 
 def _cpu_ops_error() -> Exception | None:

@@ -27,13 +27,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "vnni_rows.h"
 
 namespace {
 
-constexpr int64_t kGroup = 32;
-constexpr int64_t kBlock = 16;       // weight rows per block: one int32 lane each
+using namespace structserve_cpu;
+
 constexpr int64_t kVector = 64;      // bytes per packed vector: 16 rows x 8 inputs
 
 // One x row, quantized: int8 values in input order; per group the step, 8 * step * (sum of the
@@ -50,29 +51,11 @@ void quantize_row(const float* x, int64_t K, int8_t* qx, float* step, float* off
   for (int64_t g = 0; g < K / kGroup; ++g) {
     const float* xg = x + g * kGroup;
     const __m512 lo = _mm512_loadu_ps(xg), hi = _mm512_loadu_ps(xg + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-    const float s = amax / 127.f;
-    const __m512 inv = _mm512_set1_ps(s > 0.f ? 1.f / s : 0.f);
-    // round to nearest even (the default rounding mode), as torch.round
-    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv));
-    const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qx + g * kGroup), _mm512_cvtsepi32_epi8(qlo));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qx + g * kGroup + 16), _mm512_cvtsepi32_epi8(qhi));
-    step[g] = s;
-    offset[g] = 8.f * s * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
+    const GroupQuant q = quantize_group(lo, hi, qx + g * kGroup);
+    step[g] = q.step;
+    offset[g] = 8.f * q.step * static_cast<float>(q.qsum);
     sum[g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
   }
-}
-
-inline __m512 bf16_line(const uint16_t* p) {
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
-}
-
-inline __m512i broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
 }
 
 // The 16 outputs of weight block `w` (K / 8 vectors) for MR rows of x, stored to y[m * ldy + 0..15]
@@ -144,14 +127,9 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
       const uint16_t* zb = z + b * groups * kBlock;
       const int64_t n0 = b * kBlock, valid = std::min(kBlock, N - n0);
       const __mmask16 lanes = static_cast<__mmask16>((1u << valid) - 1);
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) block_dot<4>(wb, sb, zb, rows.data() + m, K, out + m * N + n0, N, lanes);
-      switch (M - m) {
-        case 3: block_dot<3>(wb, sb, zb, rows.data() + m, K, out + m * N + n0, N, lanes); break;
-        case 2: block_dot<2>(wb, sb, zb, rows.data() + m, K, out + m * N + n0, N, lanes); break;
-        case 1: block_dot<1>(wb, sb, zb, rows.data() + m, K, out + m * N + n0, N, lanes); break;
-        default: break;
-      }
+      for_row_tiles(M, [&](auto mr, int64_t m) {
+        block_dot<decltype(mr)::value>(wb, sb, zb, rows.data() + m, K, out + m * N + n0, N, lanes);
+      });
     }
   });
   return y;

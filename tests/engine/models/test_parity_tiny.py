@@ -15,6 +15,8 @@ from paged_batch import PagedBatch
 from engine.errors import ModelLoadError
 from engine.model_loader import load_model_weights
 from engine.models import MODEL_REGISTRY, get_model_class
+from engine.models.quantized_tensor import Int8Channels
+from kernels.cpu_ops import cpu_supports_cpu_ops
 from tests.conftest import fake_quantized_copy
 
 PROMPT_LENS = (5, 17, 33)
@@ -138,3 +140,19 @@ def test_registry_entries_import_and_unknown_names_fail() -> None:
         assert issubclass(get_model_class(name), torch.nn.Module)
     with pytest.raises(ModelLoadError, match="supported: .*LlamaForCausalLM"):
         get_model_class("GPT2LMHeadModel")
+
+
+def test_a_tied_int8_head_and_the_lookup_hold_one_table(tiny_model_dir) -> None:
+    """With tied embeddings the INT8 head's copy is the lookup's table (the same tensor, in the
+    head's kernel layout: row-major for int8pack, packed for w8a16), counted once, and the lookup
+    returns the int8 rows of the checkpoint's embedding, dequantized."""
+    folder, hf_model = tiny_model_dir("Qwen3ForCausalLM")
+    model, _, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), None, "int8", 4)
+    head, lookup = model.lm_head, model.embed_tokens
+    assert head.small_kernel == ("w8a16" if cpu_supports_cpu_ops() else "int8pack")
+    held = head.w8a16_weight if head.small_kernel == "w8a16" else head.int8_weight
+    assert lookup.int8_rows is held and lookup.shares_rows
+    assert lookup.resident_bytes() == lookup.int8_scales.numel() * 4        # its scales only
+    ids = torch.arange(hf_model.config.vocab_size)
+    expected = Int8Channels.from_float(hf_model.model.embed_tokens.weight.detach()).dequantize()
+    torch.testing.assert_close(lookup(ids), expected, atol=0, rtol=0)

@@ -26,6 +26,7 @@ from engine.models.weight_format import (
 )
 from kernels.cpu_ops import cpu_supports_cpu_ops
 from kernels.w4a8_linear import w4a8_linear_ref
+from kernels.w8a16_linear import W8A16Weight, unpack_w8a16
 from tests.conftest import smollm2_gguf
 
 CPU = torch.device("cpu")
@@ -37,7 +38,7 @@ SMALL_LARGE = [pytest.param(WeightFormat.INT4, WeightFormat.BF16, marks=NEEDS_ON
                (None, WeightFormat.FP32), (None, WeightFormat.DENSE)]
 NEEDS_W4A8 = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the w4a8 kernel")
 INT4_KERNELS = ["tinygemm", pytest.param("w4a8", marks=NEEDS_W4A8)]
-INT8_KERNELS = ["int8pack", pytest.param("w8a32", marks=NEEDS_W4A8)]
+INT8_KERNELS = ["int8pack", pytest.param("w8a16", marks=NEEDS_W4A8)]
 # the large copy a quantized float32 model is served with on this CPU (BF16 with native bf16, else FP32)
 SERVED_LARGE = large_batch_format(CPU, torch.float32, quantized=True, native_bf16=cpu_has_native_bf16())
 
@@ -187,7 +188,8 @@ def test_set_crossover_zero_drops_the_small_copy() -> None:
     proj = QuantizedLinear(torch.randn(32, 64), None, WeightFormat.INT8, WeightFormat.FP32, 4, torch.float32, CPU)
     assert set(proj.resident_bytes()) == {"int8", "fp32"}
     proj.set_crossover(0)
-    assert proj.small is None and proj.int8_weight is None and set(proj.resident_bytes()) == {"fp32"}
+    assert proj.small is None and proj.int8_weight is None and proj.w8a16_weight is None
+    assert set(proj.resident_bytes()) == {"fp32"}
     with pytest.raises(RuntimeError, match="no int4/int8 copy"):
         proj.small_product(torch.randn(1, 64))
 
@@ -235,15 +237,20 @@ def test_forward_traces_into_one_graph_per_side_of_the_crossover(int4_kernel: st
 @pytest.mark.parametrize("int8_kernel", INT8_KERNELS)
 def test_an_int8_projection_compiles_to_the_kernel_for_one_row_and_for_many(int8_kernel: str) -> None:
     """The compiled one-sequence graph's LM head: after a norm, one row (a literal row count of 1)
-    and a dynamic row count both call the int8 kernel (`_weight_int8pack_mm`, or ours, w8a32) and
-    give the weight's product within bf16 rounding of its input (int8pack) or float32 rounding
-    (w8a32), as eager does. (A fused inductor loop for one row was dropped on 2026-12-05: on an
+    and a dynamic row count both call the int8 kernel (`_weight_int8pack_mm`, or ours, w8a16) and
+    give the weight's product within bf16 rounding of its input (int8pack) or the two int8 levels'
+    rounding (w8a16, about 15 bits), as eager does. (A fused inductor loop for one row was dropped on 2026-12-05: on an
     Intel avx512_bf16/AMX box it lost to torch's kernel at 1 and 2 threads.)"""
     proj = QuantizedLinear(torch.randn(96, 64), None, WeightFormat.INT8, SERVED_LARGE, 8, torch.float32, CPU,
                            int8_kernel=int8_kernel)
     rounded, tolerance, op = (bf16, 1e-2, "_weight_int8pack_mm") if int8_kernel == "int8pack" else \
-        (lambda t: t, 1e-5, "structserve_cpu.int8_linear")
-    held = proj.int8_weight.float() * proj.int8_scales.float()[:, None]
+        (lambda t: t, 1e-4, "structserve_cpu.w8a16_linear")
+    if int8_kernel == "int8pack":
+        qvals, scales = proj.int8_weight, proj.int8_scales
+    else:
+        qvals, scales = unpack_w8a16(W8A16Weight(proj.w8a16_weight, proj.w8a16_scales, proj.out_features))
+    held = qvals.float() * scales.float()[:, None]
+    assert proj.small_kernel == int8_kernel
     norm_weight = torch.rand(64) + 0.5
 
     def normed(h: torch.Tensor) -> torch.Tensor:
