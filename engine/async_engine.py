@@ -6,9 +6,9 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -19,8 +19,10 @@ from engine.request import EngineRequest, RequestOutput
 from engine.request_deadlines import RequestDeadlines
 from engine.stats import EngineStats
 from engine.step_threads import plan_step_threads
-from engine.threads import configure_threads
+from engine.threads import configure_threads, release_openmp_threads
 from lora.registry import LoraAdapterInfo
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +99,8 @@ class AsyncEngine:
                     "max_model_len %d", loaded.name, str(dtype).removeprefix("torch."), loaded.num_params / 1e6,
                     engine.runner.num_blocks, config.block_size, engine.runner.num_blocks * config.block_size,
                     max_model_len)
+        # this thread's torch work is done: its OpenMP pool would slow every region of the engine thread's
+        release_openmp_threads()
         return cls(engine, config.served_model_name or loaded.name, loaded.path)
 
     def stats(self) -> EngineStats:
@@ -188,7 +192,7 @@ class AsyncEngine:
     async def load_lora_adapter(self, name: str, path: str, replace: bool = False) -> LoraAdapterInfo:
         """Read and validate the PEFT folder `path` in a worker thread and serve it as `name`.
         Raises LoraNotEnabled, InvalidLoraAdapter, LoraAdapterExists (unless `replace`)."""
-        return await asyncio.to_thread(self.engine.load_lora_adapter, name, path, replace)
+        return await asyncio.to_thread(_released_after, self.engine.load_lora_adapter, name, path, replace)
 
     async def unload_lora_adapter(self, name: str) -> None:
         """Stop accepting `name` at once; returns when no request uses it any more (running ones
@@ -338,3 +342,13 @@ def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
         # On CPUs without AVX512-BF16/AMX, float32 matmuls run ~4x faster than bfloat16.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _released_after(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on a worker thread, then that thread's OpenMP pool freed
+    (engine/threads.py `release_openmp_threads`): the worker lives on in asyncio's executor, and
+    its pool would slow the engine thread's parallel regions."""
+    try:
+        return fn(*args)
+    finally:
+        release_openmp_threads()

@@ -47,3 +47,38 @@ def test_explicit_count_wins_and_bad_counts_fail() -> None:
             configure_threads(0)
     finally:
         torch.set_num_threads(previous)
+
+
+RELEASE_CHILD = """
+import os, time, torch
+from engine.threads import _loaded_openmp_library, release_openmp_threads
+torch.set_num_threads(2)
+x = torch.randn(1 << 22)
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+before = tasks()
+expected = x.add(1)           # a parallel region: this thread gets a pool with one worker
+with_pool = tasks()
+released = release_openmp_threads()
+deadline = time.monotonic() + 10
+while tasks() >= with_pool and time.monotonic() < deadline:
+    time.sleep(0.01)
+after = tasks()
+again = torch.equal(x.add(1), expected)   # the runtime builds a new pool for the next region
+print(_loaded_openmp_library() is not None, released, before, with_pool, after, again)
+"""
+
+
+def test_release_frees_the_calling_threads_openmp_workers() -> None:
+    """After a parallel region the calling thread holds an OpenMP worker; releasing ends that
+    worker's OS thread (so it no longer counts against the engine thread's pool), and the next
+    region still runs and gives the same result. Without an OpenMP runtime the call says so."""
+    out = subprocess.run([sys.executable, "-c", RELEASE_CHILD], cwd=ROOT, check=True, capture_output=True,
+                         text=True, timeout=120).stdout.split()
+    has_runtime, released, before, with_pool, after, again = out
+    assert again == "True"
+    if has_runtime == "False":
+        assert released == "False"
+        return
+    assert released == "True"
+    assert int(with_pool) > int(before) and int(after) < int(with_pool), (before, with_pool, after)
