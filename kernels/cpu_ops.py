@@ -6,7 +6,8 @@ loaded into torch's dispatcher, so eager code and compiled graphs call them as
 The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_supports_cpu_ops` says
 whether this CPU has it. Built once per source set, compiler command and torch version into
 `$XDG_CACHE_HOME/structserve/kernels` (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE`
-overrides): about 7-10 s the first time on a machine, then a file load. Each kernel module
+overrides): its sources compiled side by side, about 10-12 s the first time on a machine (the
+Makefile's install step does it through `main`), then a file load. Each kernel module
 (kernels/w4a8_linear.py, kernels/w8a16_linear.py, kernels/paged_attention.py) keeps a pure-torch reference that the tests
 compare against and that CPUs without these instructions run.
 """
@@ -17,8 +18,10 @@ import hashlib
 import logging
 import os
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -86,19 +89,20 @@ def _cache_root() -> Path:
 
 
 def _build() -> Path:
-    """The shared library's path, compiling it if absent. Raises CpuOpsUnavailable with the
-    compiler's message when the build fails."""
+    """The shared library's path, compiling it if absent: each source to an object in its own
+    compiler process (they run side by side, one per core), then one link. Raises
+    CpuOpsUnavailable with the compiler's message when the build fails."""
     from torch.utils import cpp_extension
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    command = [os.environ.get("CXX", "g++"), "-O3", "-std=c++20", "-shared", "-fPIC",
-               "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma",
-               f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *map(str, SOURCES)]
-    command += [f"-I{p}" for p in cpp_extension.include_paths()]
+    compile_flags = [os.environ.get("CXX", "g++"), "-O3", "-std=c++20", "-fPIC",
+                     "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma",
+                     f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-fopenmp"]
+    compile_flags += [f"-I{p}" for p in cpp_extension.include_paths()]
     # -fopenmp: at::parallel_for is OpenMP in torch's CPU builds; torch's own libgomp (in its lib
     # folder, already loaded by libtorch_cpu) is the one linked, so both share one thread pool
-    command += ["-fopenmp"] + [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch_cpu"]
-    command += [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
-    digest = hashlib.sha256(" ".join([torch.__version__, *command]).encode())
+    link_flags = ["-shared", "-fopenmp"] + [f"-L{p}" for p in cpp_extension.library_paths()]
+    link_flags += ["-lc10", "-ltorch_cpu"] + [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
+    digest = hashlib.sha256(" ".join([torch.__version__, *compile_flags, *link_flags]).encode())
     for source in (*SOURCES, *HEADERS):
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
@@ -107,10 +111,40 @@ def _build() -> Path:
     if target.exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    partial = f"{target}.tmp{os.getpid()}"
-    logger.info("building the C++ CPU kernels: %s", " ".join(command))
-    result = subprocess.run([*command, "-o", partial], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise CpuOpsUnavailable(f"building {', '.join(s.name for s in SOURCES)} failed:\n{result.stderr[-2000:]}")
-    os.replace(partial, target)   # atomic: processes building at once each install a whole file
+    with tempfile.TemporaryDirectory(prefix="structserve_cpu_build", dir=root) as work:
+        objects = [Path(work) / f"{source.stem}.o" for source in SOURCES]
+        logger.info("building the C++ CPU kernels (%d sources side by side): %s", len(SOURCES),
+                    " ".join(compile_flags))
+        _run_all([[*compile_flags, "-c", str(source), "-o", str(obj)] for source, obj in zip(SOURCES, objects)])
+        partial = Path(work) / target.name
+        _run_all([[compile_flags[0], *map(str, objects), *link_flags, "-o", str(partial)]])
+        os.replace(partial, target)   # atomic: processes building at once each install a whole file
     return target
+
+
+def _run_all(commands: list[list[str]]) -> None:
+    """Run the compiler commands side by side, at most one per usable core at a time. Raises
+    CpuOpsUnavailable with a failure's message."""
+    def run(cmd: list[str]) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+        return cmd, subprocess.run(cmd, capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(os.sched_getaffinity(0)))) as pool:
+        for cmd, result in pool.map(run, commands):
+            if result.returncode != 0:
+                raise CpuOpsUnavailable(
+                    f"building the C++ CPU kernels failed ({' '.join(cmd[-3:])}):\n{result.stderr[-2000:]}")
+
+
+def main() -> int:
+    """Build (or find) the library ahead of the first server start (the Makefile's install step
+    runs it); prints its path, or why it cannot run here. Exit 0
+    either way: CPUs without AVX512-VNNI serve through the torch paths."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not cpu_supports_cpu_ops():
+        print("C++ CPU kernels: not built (this CPU lacks AVX512-VNNI); the torch paths serve")
+        return 0
+    try:
+        print(f"C++ CPU kernels: {_build()}")
+    except CpuOpsUnavailable as exc:
+        print(f"C++ CPU kernels: unavailable, the torch paths serve: {exc}")
+    return 0
