@@ -40,6 +40,9 @@ CASES = {
     "mha": (4, 4, 16, 4, [5, 12, 3, 8]),
     "mqa": (8, 1, 32, 8, [9, 1, 24, 40]),
     "gqa_4_2_long": (4, 2, 16, 16, [500, 7]),
+    # the kernel splits a sequence into tasks of 512 keys and merges their softmax states: one
+    # chunk exactly, one key past it, three chunks, beside a short sequence
+    "smollm2_split_keys": (9, 3, 64, 16, [512, 513, 1500, 20]),
 }
 
 
@@ -204,3 +207,21 @@ def test_write_kv_scratch_sends_skipped_rows_to_the_last_slot() -> None:
     assert torch.equal(k_cache[owned], k_ref[owned]) and torch.equal(v_cache[owned], v_ref[owned])
     assert torch.equal(k_cache.view(-1, 2, 8)[-1], k[1]) and torch.equal(v_cache.view(-1, 2, 8)[-1], v[1])
     assert int((k_cache[3].abs().sum(dim=(1, 2)) > 0).sum()) == 1   # nothing else in the scratch block
+
+
+@NEEDS_VNNI
+def test_a_split_sequence_gives_the_same_bits_alone_and_in_any_batch() -> None:
+    """How the kernel splits a sequence's keys between tasks depends on its own length only, so a
+    row's output is the same alone, in a batch and on one thread."""
+    batch = make_decode_batch(9, 3, 64, 16, [1500, 40, 700], seed=3)
+    together = decode(cpu_kernel, batch)
+    for i in range(3):
+        alone = {**batch, "q": batch["q"][i:i + 1], "block_tables": batch["block_tables"][i:i + 1],
+                 "seq_lens": batch["seq_lens"][i:i + 1]}
+        assert torch.equal(decode(cpu_kernel, alone)[0], together[i])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(decode(cpu_kernel, batch), together)
+    finally:
+        torch.set_num_threads(threads)
