@@ -6,10 +6,10 @@ loaded into torch's dispatcher, so eager code and compiled graphs call them as
 The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_supports_cpu_ops` says
 whether this CPU has it. Built once per source set, compiler command and torch version into
 `$XDG_CACHE_HOME/structserve/kernels` (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE`
-overrides): its sources compiled side by side, about 10-12 s the first time on a machine (the
-Makefile's install step does it through `main`), then a file load. Each kernel module
-(kernels/w4a8_linear.py, kernels/w8a16_linear.py, kernels/paged_attention.py) keeps a pure-torch reference that the tests
-compare against and that CPUs without these instructions run.
+overrides): its sources compiled side by side, about 14 s the first time on the project's 2-core
+box (the Makefile's install step does it through `main`), then a file load. Each kernel module
+(kernels/w4a8_linear.py, kernels/w8a16_linear.py, kernels/paged_attention.py) keeps a pure-torch
+reference that the tests compare against and that CPUs without these instructions run.
 """
 
 from __future__ import annotations

@@ -54,10 +54,10 @@ class QuantizedLinear(nn.Module):
     32, AVX512-VNNI). `int8_kernel` picks the INT8 copy's: "int8pack" (torch's
     `_weight_int8pack_mm`, row-major, activations rounded to bf16) or "w8a16"
     (kernels/w8a16_linear.py: activations as two int8 levels per group of 32, AVX512-VNNI; a
-    projection whose in_features is not a multiple of 32 keeps int8pack). Raises ValueError for INT4 with in_features not
-    a multiple of 32, for an unknown `int4_kernel`, for a format off CPU, for a
-    quantized `large`, or for BF16 on a CPU whose oneDNN has no bf16 linear
-    (`onednn_bf16_supported`: AVX2-only CPUs).
+    projection whose in_features is not a multiple of 32 keeps int8pack). Raises ValueError for
+    INT4 with in_features not a multiple of 32, for an unknown `int4_kernel` or `int8_kernel`, for
+    a format off CPU, for a quantized `large`, or for BF16 on a CPU whose oneDNN has no bf16
+    linear (`onednn_bf16_supported`: AVX2-only CPUs).
     """
 
     def __init__(self, weight: SourceWeight, bias: torch.Tensor | None, small: WeightFormat | None,

@@ -139,11 +139,12 @@ void attend_one(const float* q, const float* k_cache, const float* v_cache, cons
 // out_g = sum_c acc_cg * exp(max_cg - M) / sum_c sum_cg * exp(max_cg - M), M = max_c max_cg: the
 // chunks of one (sequence, KV head) merged in chunk order.
 void merge_chunks(const Partial* chunks, int64_t num_chunks, int64_t group, int64_t D, float* out) {
+  std::vector<float> sum(static_cast<size_t>(D));
   for (int64_t g = 0; g < group; ++g) {
     float top = -INFINITY;
     for (int64_t c = 0; c < num_chunks; ++c) top = std::max(top, chunks[c].max[g]);
     float total = 0.f;
-    std::vector<float> sum(static_cast<size_t>(D), 0.f);
+    std::fill(sum.begin(), sum.end(), 0.f);
     for (int64_t c = 0; c < num_chunks; ++c) {
       const float w = std::exp(chunks[c].max[g] - top);
       total += chunks[c].sum[g] * w;
