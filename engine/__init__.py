@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from engine.config import (
-    DEFAULT_INT4_KERNEL, DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, INT4_KERNEL_CHOICES, EngineConfig,
+    ALL_ROWS, DEFAULT_INT4_KERNEL, DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, INT4_KERNEL_CHOICES, EngineConfig,
 )
 from engine.errors import (
     ContextLengthExceeded,
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
 
 __all__ = [
+    "ALL_ROWS",
     "DEFAULT_INT4_KERNEL",
     "DEFAULT_KV_CACHE_MEMORY_BYTES",
     "DEFAULT_MAX_WAITING_REQUESTS",

@@ -59,6 +59,7 @@ import torch.fx.experimental._config as fx_config
 from torch._dynamo.utils import counters
 
 from engine.attention_metadata import AttentionMetadata
+from engine.config import ALL_ROWS
 from engine.errors import EngineError
 from engine.inductor_gil import release_gil_in_cpp_kernels
 from engine.memory_trim import release_free_memory
@@ -323,10 +324,10 @@ def _lower_thread_priority() -> None:
 def _row_crossovers(model: Any) -> list[int]:
     """The distinct row counts at which the model's projections switch weight copies (their
     `x.shape[0] <= crossover_rows` branch, engine/models/quantized_linear.py), at least 1: each
-    is a guard that splits the batch sizes between graphs."""
+    is a guard that splits the batch sizes between graphs (ALL_ROWS is none: no branch is left)."""
     summary = getattr(model, "weight_summary", None)
     rows = summary.crossover_rows.values() if summary is not None else ()
-    return sorted({r for r in rows if r >= 1})
+    return sorted({r for r in rows if 1 <= r < ALL_ROWS})
 
 
 def warm_up_shapes(model: Any, threads_for: Callable[[int], int] | None = None,

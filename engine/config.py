@@ -15,6 +15,11 @@ DEFAULT_MAX_WAITING_REQUESTS = 256
 DEFAULT_CPU_LONG_PREFILL_TOKENS = 256
 # kernels of the int4 weight copies (engine/models/weight_plan.py, resolve_int4_kernel)
 INT4_KERNEL_CHOICES = ("auto", "w4a8", "tinygemm")
+ALL_ROWS = 1 << 30
+"""The crossover that serves every row count with the int4/int8 copies, whose projections then hold
+no bf16/float32 copy (engine/models/quantized_linear.py `set_crossover`): more rows than any step
+has. `crossover_rows` (`--crossover-rows all`) pins it; engine/models/crossover.py picks it when
+the small copies win at every row count it measures."""
 DEFAULT_INT4_KERNEL = "auto"
 
 
@@ -31,7 +36,8 @@ class EngineConfig:
         batches past a crossover measured at load; float checkpoints stay float), "none" = dequantized
         to `dtype` (the float32 parity reference), "int8" / "int4" = quantized at load (CPU only).
     crossover_rows: rows up to which every projection runs its int4/int8 copy (past it, the bf16
-        copy); None = measured at load (engine/models/crossover.py). Pinning it keeps the compiled
+        copy; ALL_ROWS: always, and no bf16 copy is held); None = measured at load
+        (engine/models/crossover.py). Pinning it keeps the compiled
         decode step's graphs, and so its on-disk cache entries, the same from start to start on a
         machine whose load makes the measurement vary.
     int4_kernel: the int4 copies' kernel (engine/models/weight_plan.py): "auto" = w4a8 (int8

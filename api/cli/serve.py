@@ -19,7 +19,7 @@ from api.responses.store import StoreUnavailable
 from api.cli.lora_flags import add_lora_arguments, lora_config_from_args
 from api.cli.replica_flags import add_replica_arguments, serve_on_replicas
 from constrained import GrammarConfig
-from engine import DEFAULT_INT4_KERNEL, DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
+from engine import ALL_ROWS, DEFAULT_INT4_KERNEL, DEFAULT_KV_CACHE_MEMORY_BYTES, DEFAULT_MAX_WAITING_REQUESTS, EngineConfig
 from engine import INT4_KERNEL_CHOICES
 from engine import EngineError
 from lora.errors import LoraError
@@ -171,9 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
              "loads it from disk). On by default; --no-compile keeps every step eager",
     )
     serve.add_argument(
-        "--crossover-rows", type=int, default=None,
-        help="rows up to which the int4/int8 weight copies serve a step, bf16 past it (default: "
-             "measured at load; pin it so that --compile's cached graphs match from start to start)",
+        "--crossover-rows", type=crossover_rows, default=None,
+        help="rows up to which the int4/int8 weight copies serve a step, bf16 past it; 'all': every "
+             "step, and no bf16 copy is held (default: measured at load, 'all' where the int4/int8 "
+             "copies win at every row count measured; pin it so that --compile's cached graphs "
+             "match from start to start)",
     )
     serve.add_argument(
         "--int4-kernel", choices=INT4_KERNEL_CHOICES, default=DEFAULT_INT4_KERNEL,
@@ -226,6 +228,20 @@ def read_chat_template(value: str | None) -> str | None:
         except FileNotFoundError as exc:
             raise ValueError(f"--chat-template: no such file: {value} ({exc})") from None
     return value
+
+
+def crossover_rows(value: str) -> int:
+    """`--crossover-rows`: a row count >= 0, or "all" (engine.ALL_ROWS). Raises
+    argparse.ArgumentTypeError otherwise."""
+    if value == "all":
+        return ALL_ROWS
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise argparse.ArgumentTypeError(f"expected a row count >= 0 or 'all', got {value!r}")
+    return rows
 
 
 def compile_cache_dir(flag: str | None, environ: dict[str, str]) -> str:

@@ -15,11 +15,16 @@ from collections.abc import Callable
 
 import torch
 
+from engine.config import ALL_ROWS
 from engine.models.quantized_linear import QuantizedLinear
 
 logger = logging.getLogger(__name__)
 
-CANDIDATE_ROWS = (1, 2, 4, 8, 16)
+# Up to 128 rows: a prefill chunk, a batch of forced runs, a c=32 decode step. A group whose small
+# copies still win at the last one is served by them at every row count (ALL_ROWS): SmolLM2's w4a8
+# layers on a 2-core EPYC (AVX512-VNNI and bf16) took 0.64-0.89x the bf16 copies' time at each of 1 to
+# 512 rows (0.72x at 128, 0.83x at 512), both compute-bound past ~16 rows, so the ratio holds on.
+CANDIDATE_ROWS = (1, 2, 4, 8, 16, 64, 128)
 # Used for a group the time budget left undecided before its first row count: the research
 # note's crossover on this project's machine was 4-8 rows (shared/research/cpu-performance.md §3).
 FALLBACK_CROSSOVER_ROWS = 4
@@ -27,11 +32,13 @@ Product = Callable[[torch.Tensor], torch.Tensor]
 
 
 def measure_crossovers(groups: dict[str, list[QuantizedLinear]], candidate_rows: tuple[int, ...] = CANDIDATE_ROWS,
-                       repeats: int = 2, rounds: int = 2, budget_s: float = 3.0) -> dict[str, int]:
+                       repeats: int = 2, rounds: int = 2, budget_s: float = 4.0) -> dict[str, int]:
     """Per group (e.g. "layer": every decoder projection, "head": the LM head), the largest of
     `candidate_rows` (ascending) up to which the group's small copies together are at least as
     fast as its large copies at every candidate row count; 0 when the large copies already win at
-    the first. Every projection in `groups` must hold both copies. About a second for SmolLM2.
+    the first; ALL_ROWS when the small copies won at every candidate (the large copies are then
+    dropped: see CANDIDATE_ROWS). Every projection in `groups` must hold both copies. About two
+    seconds for SmolLM2.
 
     For each row count, a pass runs every group in order through one kind of copy and times each
     group; passes over the two kinds take turns for `rounds` blocks of `repeats` passes (after one
@@ -47,8 +54,10 @@ def measure_crossovers(groups: dict[str, list[QuantizedLinear]], candidate_rows:
     widths = {proj.in_features for projs in groups.values() for proj in projs}
     timings: dict[int, dict[str, tuple[float, float]]] = {}
     deadline = time.perf_counter() + budget_s
+    measured_all = True
     for rows in candidate_rows:
         if time.perf_counter() > deadline:
+            measured_all = False
             break
         inputs = {width: torch.randn(rows, width, generator=generator) for width in widths}
         best = {(name, kind): float("inf") for name in undecided for kind in ("small", "large")}
@@ -67,11 +76,16 @@ def measure_crossovers(groups: dict[str, list[QuantizedLinear]], candidate_rows:
         if not undecided:
             break
     for name in undecided:
-        if crossover[name] == 0 and not any(name in by_name for by_name in timings.values()):
+        if measured_all:
+            crossover[name] = ALL_ROWS
+        elif crossover[name] == 0 and not any(name in by_name for by_name in timings.values()):
             crossover[name] = FALLBACK_CROSSOVER_ROWS
+    if measured_all:
+        undecided.clear()
     logger.info("small vs large copies by rows (ms per pass): %s; crossover rows %s%s",
                 {rows: {name: (round(1e3 * s, 3), round(1e3 * b, 3)) for name, (s, b) in by_name.items()}
-                 for rows, by_name in timings.items()}, crossover,
+                 for rows, by_name in timings.items()},
+                {name: "all" if rows >= ALL_ROWS else rows for name, rows in crossover.items()},
                 f" (time budget of {budget_s} s spent before deciding {sorted(undecided)})" if undecided else "")
     return crossover
 

@@ -3,8 +3,10 @@ by the number of rows.
 
 Why two copies: weight-only int4/int8 kernels stream 4-8x fewer bytes and win for a decode step
 of a few sequences, while oneDNN's bf16 (or float32) product over a weight reordered once at load
-wins from a handful of rows on (shared/research/cpu-performance.md §3). `crossover_rows` is chosen
-by measurement at load (engine/models/crossover.py). No dense float copy is kept beside them.
+wins from a handful of rows on (shared/research/cpu-performance.md §3), and the int4 kernel that
+quantizes its activations to int8 (w4a8, VNNI) can win at every row count (then only the small copy
+is held: ALL_ROWS). `crossover_rows` is chosen by measurement at load (engine/models/crossover.py).
+No dense float copy is kept beside them.
 
 Activations stay in the model dtype (float32 on CPU) and are cast to bf16 only at the inputs of
 the int4/int8/bf16 kernels, whose fast paths exist only for bf16 (30-60x slower with float32);
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config import ALL_ROWS
 from engine.models.onednn_linear import onednn_linear
 from kernels.cpu_ops import load_cpu_ops
 from kernels.w4a8_linear import pack_w4a8
@@ -40,7 +43,8 @@ _INT4_ROW_MULTIPLE = 16  # `_convert_weight_to_int4pack_for_cpu` needs out_featu
 class QuantizedLinear(nn.Module):
     """A projection `[in_features] -> [out_features]` with a few-rows copy (`small`: INT4 or INT8,
     or None) used for inputs of at most `crossover_rows` rows, and a many-rows copy (`large`: BF16,
-    FP32 or DENSE) for the rest.
+    FP32 or DENSE) for the rest; `set_crossover` drops the small copy (0 rows) or the large one
+    (ALL_ROWS: `large` is then None).
 
     `weight` `[out, in]` is the source (float tensor, or quantized groups kept exactly: INT4 from
     Int4Groups keeps the file's grid; other sources are quantized here, INT4 asymmetric group 32,
@@ -119,7 +123,9 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x` `[num_tokens, in_features]` -> `[num_tokens, out_features]` in x's dtype."""
-        y = self.small_product(x) if x.shape[0] <= self.crossover_rows else self.large_product(x)
+        # without a large copy there is no branch (nothing for torch.compile to guard on)
+        small = self.large_weight is None or x.shape[0] <= self.crossover_rows
+        y = self.small_product(x) if small else self.large_product(x)
         return y if self.bias is None else y.add_(self.bias)
 
     def small_product(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,7 +153,10 @@ class QuantizedLinear(nn.Module):
         return y.to(x.dtype)
 
     def large_product(self, x: torch.Tensor) -> torch.Tensor:
-        """`x @ W.T` through the BF16/FP32/DENSE copy, in x's dtype (no bias)."""
+        """`x @ W.T` through the BF16/FP32/DENSE copy, in x's dtype (no bias). Raises RuntimeError
+        when the large copy was dropped (`set_crossover(ALL_ROWS)`)."""
+        if self.large is None:
+            raise RuntimeError("this projection holds no bf16/float32 copy (its small copy serves every row count)")
         if self.large is WeightFormat.DENSE:
             return F.linear(x, self.large_weight)
         target = torch.bfloat16 if self.large is WeightFormat.BF16 else torch.float32
@@ -155,8 +164,14 @@ class QuantizedLinear(nn.Module):
 
     def set_crossover(self, rows: int) -> None:
         """Serve inputs of at most `rows` rows (>= 0) with the small copy; 0 drops the small copy
-        (its memory is freed). Called once at load, after measuring (engine/models/crossover.py)."""
+        and ALL_ROWS (or more) the large one (its memory is freed either way; a projection without
+        a small copy keeps its large one). Called once at load, after measuring
+        (engine/models/crossover.py)."""
         self.crossover_rows = rows if self.small is not None else 0
+        if self.crossover_rows >= ALL_ROWS:
+            self.crossover_rows = ALL_ROWS
+            self.large = None
+            self.large_weight = None
         if self.crossover_rows == 0:
             self.small = None
             self.int4_kernel = self.int8_kernel = None
@@ -164,14 +179,18 @@ class QuantizedLinear(nn.Module):
                 setattr(self, name, None)
 
     def resident_bytes(self) -> dict[str, int]:
-        """Bytes held per copy, by format name ("int4", "bf16", ...), bias in the large copy's entry.
-        oneDNN-reordered copies count their logical size (the blocked layout may pad a little)."""
+        """Bytes held per copy, by format name ("int4", "bf16", ...), bias in the large copy's entry
+        (the small copy's without a large one). oneDNN-reordered copies count their logical size
+        (the blocked layout may pad a little)."""
         sizes: dict[str, int] = {}
         if self.small is not None:
             tensors = [getattr(self, name) for name in _SMALL_COPY_BUFFERS]
             sizes[self.small.value] = sum(t.numel() * t.element_size() for t in tensors if t is not None)
-        bias_bytes = 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
-        sizes[self.large.value] = self.large_weight.numel() * self.large_weight.element_size() + bias_bytes
+        if self.large is not None:
+            sizes[self.large.value] = self.large_weight.numel() * self.large_weight.element_size()
+        if self.bias is not None:
+            owner = self.large.value if self.large is not None else self.small.value
+            sizes[owner] += self.bias.numel() * self.bias.element_size()
         return sizes
 
     @property
@@ -183,8 +202,10 @@ class QuantizedLinear(nn.Module):
         small = "none" if self.small is None else self.small.value
         if self.small_kernel is not None:
             small += f" ({self.small_kernel})"
-        return (f"in={self.in_features}, out={self.out_features}, small={small} (rows <= "
-                f"{self.crossover_rows}), large={self.large.value}, bias={self.bias is not None}")
+        rows = "all rows" if self.large is None else f"rows <= {self.crossover_rows}"
+        large = "none" if self.large is None else self.large.value
+        return (f"in={self.in_features}, out={self.out_features}, small={small} ({rows}), large={large}, "
+                f"bias={self.bias is not None}")
 
 
 def _pack_w4a8(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

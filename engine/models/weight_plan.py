@@ -9,7 +9,7 @@ from typing import Literal
 
 import torch
 
-from engine.config import DEFAULT_INT4_KERNEL, INT4_KERNEL_CHOICES
+from engine.config import ALL_ROWS, DEFAULT_INT4_KERNEL, INT4_KERNEL_CHOICES
 from engine.errors import ModelLoadError
 from engine.models.crossover import measure_crossovers
 from engine.models.quantized_linear import QuantizedLinear
@@ -36,7 +36,8 @@ class WeightSummary:
     """What the loaded model holds: per role ("layer" = the decoder projections, "head" = the LM
     head, "embedding" = the lookup's own bytes), the formats, the resident bytes per copy
     (`{"int4": ..., "bf16": ...}`) and the crossover (largest row count served by the int4/int8
-    copy; 0 = none held). `cpu_capability` and `native_bf16` record what the choice was based on."""
+    copy; 0 = none held; ALL_ROWS = every row count, no bf16/float32 copy held).
+    `cpu_capability` and `native_bf16` record what the choice was based on."""
 
     quantization: str
     cpu_capability: str
@@ -49,8 +50,9 @@ class WeightSummary:
         """One log line: formats, crossovers and MiB per copy."""
         mib = {name: {fmt: round(size / 2**20, 1) for fmt, size in copies.items()}
                for name, copies in self.resident_bytes.items()}
+        crossovers = {name: "all" if rows >= ALL_ROWS else rows for name, rows in self.crossover_rows.items()}
         return (f"quantization {self.quantization}, CPU {self.cpu_capability} (native bf16: {self.native_bf16}), "
-                f"formats {self.formats}, crossover rows {self.crossover_rows}, resident MiB {mib} "
+                f"formats {self.formats}, crossover rows {crossovers}, resident MiB {mib} "
                 f"({self.total_bytes() / 2**20:.1f} in all)")
 
     def total_bytes(self) -> int:
@@ -140,7 +142,7 @@ class WeightBuilder:
 
     def finish(self, groups: dict[str, list[QuantizedLinear]]) -> WeightSummary:
         """Set every projection's crossover (`crossover_rows`, or measured per group; 0 drops the
-        small copies) and summarise formats and bytes per group ("layer", "head")."""
+        small copies, ALL_ROWS the large ones) and summarise formats and bytes per group ("layer", "head")."""
         with_small = {name: projs for name, projs in groups.items() if projs and projs[0].small is not None}
         if self.crossover_rows is not None:
             crossovers = {name: self.crossover_rows for name in with_small}
@@ -159,7 +161,8 @@ class WeightBuilder:
             small = projs[0].small
             kernels = sorted({proj.small_kernel for proj in projs if proj.small_kernel is not None})
             held = "none" if small is None else small.value + (f" ({', '.join(kernels)})" if kernels else "")
-            formats[name] = f"{held} + {projs[0].large.value}"
+            large = projs[0].large
+            formats[name] = held if large is None else f"{held} + {large.value}"
         return WeightSummary(self.quantization, torch.backends.cpu.get_cpu_capability(), self.native_bf16,
                              formats, resident, {name: crossovers.get(name, 0) for name in groups})
 

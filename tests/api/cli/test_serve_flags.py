@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from api.cli.serve import build_configs, build_parser, main, parse_size, read_chat_template
+from engine import ALL_ROWS
 
 
 @pytest.mark.parametrize(
@@ -123,6 +124,10 @@ def test_compile_cache_dir_flag_env_and_default(tmp_path: Path) -> None:
     assert cache_dir(["--compile"], {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "t"),
                                      "XDG_CACHE_HOME": "/x"}) == str(tmp_path / "t")
     assert build_configs(build_parser().parse_args(["serve", "--crossover-rows", "8"]), {})[0].crossover_rows == 8
+    assert build_configs(build_parser().parse_args(["serve", "--crossover-rows", "all"]), {})[0].crossover_rows == ALL_ROWS
+    for bad in ("-1", "many"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--crossover-rows", bad])
     flagged = ["--compile", "--compile-cache-dir", str(tmp_path / "f")]
     assert cache_dir(flagged, {"TORCHINDUCTOR_CACHE_DIR": "/t"}) == str(tmp_path / "f")
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.config import ALL_ROWS
 from engine.gguf_blocks import unpack_blocks
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import Int4Groups, Int8Channels, cat_rows
@@ -192,6 +193,29 @@ def test_set_crossover_zero_drops_the_small_copy() -> None:
     assert set(proj.resident_bytes()) == {"fp32"}
     with pytest.raises(RuntimeError, match="no int4/int8 copy"):
         proj.small_product(torch.randn(1, 64))
+
+
+@pytest.mark.parametrize("fmt", [WeightFormat.INT4, WeightFormat.INT8])
+def test_set_crossover_all_rows_drops_the_large_copy_and_serves_every_row_count_small(fmt: WeightFormat) -> None:
+    gen = torch.Generator().manual_seed(5)
+    proj = QuantizedLinear(torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen), fmt,
+                           WeightFormat.FP32, 4, torch.float32, CPU)
+    x = torch.randn(40, 64, generator=gen)
+    small = proj.small_product(x) + proj.bias
+    assert not torch.equal(proj(x), small)          # 40 rows > 4: the fp32 copy served them
+    proj.set_crossover(ALL_ROWS)
+    assert proj.large is None and proj.large_weight is None and proj.crossover_rows == ALL_ROWS
+    assert set(proj.resident_bytes()) == {fmt.value}
+    assert proj.resident_bytes()[fmt.value] > 0 and "all rows" in repr(proj) and "large=none" in repr(proj)
+    torch.testing.assert_close(proj(x), small, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="no bf16/float32 copy"):
+        proj.large_product(x)
+
+
+def test_set_crossover_all_rows_keeps_the_only_copy_of_a_projection_without_a_small_one() -> None:
+    proj = QuantizedLinear(torch.randn(32, 64), None, None, WeightFormat.FP32, 0, torch.float32, CPU)
+    proj.set_crossover(ALL_ROWS)
+    assert proj.large is WeightFormat.FP32 and proj.crossover_rows == 0 and set(proj.resident_bytes()) == {"fp32"}
 
 
 def test_bad_format_combinations_are_refused() -> None:
