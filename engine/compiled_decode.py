@@ -1,6 +1,6 @@
-"""The compiled decode step: torch.compile (inductor) of the model's own decode forward and LM head.
+"""The compiled decode step: torch.compile (inductor) of the model's own decode forward.
 
-What is compiled is `CausalLM.forward` + `compute_logits` exactly as the eager path runs them, with
+What is compiled is `CausalLM.forward` exactly as the eager path runs it, with
 `AttentionMetadata.decode_only` set: attention then reads the paged cache in place
 (`kernels.paged_attention.paged_decode_attention`) and K/V writes go through one `index_copy_`
 per cache with no host sync (`write_kv_scratch`). Projections are whatever the model's layers call
@@ -9,16 +9,22 @@ per cache with no host sync (`write_kv_scratch`). Projections are whatever the m
 graph fuses the norms, RoPE, SiLU and residual adds into a few C++ loops and reads the blocks where
 they lie (shared/research/cpu-performance.md, sections 2, 5 and 6).
 
+The LM head (`compute_logits`) runs after the graph, eagerly, on the sampling rows only: a step
+that carries grammar-forced runs has one row per forced token but samples once per sequence, and
+the head on every row cost SmolLM2 ~11 ms of a 66-row step (6 runs of 11 tokens) for logits
+nobody reads. Outside the graph, the head's own crossover (int8 up to a few rows, bf16 past it)
+no longer splits the batch sizes between graphs either; the eager call adds a few ATen ops.
+
 Shapes: the batch dimension (sequences) and the block-table width are dynamic, and so is the
 number of cache blocks; everything else (hidden size, heads, block size) is static. Dynamo
 specialises a size of 1 into a graph of its own, and the one-sequence decode (an agent's loop) gets
 it: padding it to 2 rows cost 24% more per int4 projection and ~1 ms more in the int8 LM head on
 this project's box (the CPU kernels' time grows with the rows even where the bytes do not). Block
 tables are at least 2 wide (MIN_BLOCK_TABLE_WIDTH) so that the width never specialises. A model
-whose projections switch weight copies at a row count (int4/int8 up to `crossover_rows`, bf16
-past it) has one graph per side of each switch, and dynamo guards each graph on torch's thread
+whose decoder projections switch weight copies at a row count (int4/int8 up to `crossover_rows`,
+bf16 past it) has one graph per side of the switch, and dynamo guards each graph on torch's thread
 count: the warm-up compiles one graph per (one sequence or more, copy regime, thread count) the
-engine can call with (`warm_up_shapes`; SmolLM2 under the step-thread rule: three) and then
+engine can call with (`warm_up_shapes`; SmolLM2 under the step-thread rule: two or three) and then
 checks that other batch sizes and widths run without compiling. The compile is most of the
 start-up cost: ~60-100 s of CPU per graph for SmolLM2's 30 layers with a cold on-disk cache,
 ~7-14 s of dynamo tracing with a warm one. Serving calls run under
@@ -83,10 +89,11 @@ class CompiledDecodeUnavailable(EngineError):
     the step runs eagerly instead."""
 
 
-def _decode_logits(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
+def _decode_hidden(model: Any, input_ids: torch.Tensor, positions: torch.Tensor,
                    kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
-    """What is compiled: float32 logits `[num_seqs, vocab_size]` of one decode token per sequence."""
-    return model.compute_logits(model(input_ids, positions, kv_caches, meta))
+    """What is compiled: hidden states `[num_rows, hidden_size]` (model dtype, after the final
+    norm) of one decode token per row."""
+    return model(input_ids, positions, kv_caches, meta)
 
 
 class CompiledDecode:
@@ -118,7 +125,7 @@ class CompiledDecode:
         self.cache_dir = cache_dir
         self.cache_stats: dict[str, int] = {}
         self.graph_seconds: list[float] = []      # warm-up seconds per shape of warm_up_shapes
-        self._compiled = torch.compile(_decode_logits, dynamic=False,
+        self._compiled = torch.compile(_decode_hidden, dynamic=False,
                                        options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         self._ready = threading.Event()
         self._finished = threading.Event()        # warm-up ended, ready or failed
@@ -227,10 +234,13 @@ class CompiledDecode:
             torch.set_num_threads(self.threads_for(rows))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor,
-            kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
-        """Float32 logits `[num_seqs, vocab_size]` of a decode-only step, K/V written to `kv_caches`.
+            kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+            sample_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits of a decode-only step, K/V written to `kv_caches`: `[num_rows,
+        vocab_size]`, or `[len(sample_idx), vocab_size]` for the rows `sample_idx` (int64) names,
+        in its order; the LM head runs on those rows only, after the graph.
 
-        input_ids, positions: int64 [num_seqs]; meta: decode_only=True, block_tables with at least
+        input_ids, positions: int64 [num_rows]; meta: decode_only=True, block_tables with at least
         MIN_BLOCK_TABLE_WIDTH columns (the caches' last block is their scratch block). Each cache
         tensor must have a storage of its own (engine/kv_memory.py): caches that are views of one
         storage are aliases to the graph, which then copies a whole cache to write one slot. Raises
@@ -239,7 +249,12 @@ class CompiledDecode:
         """
         if not self._ready.is_set():
             raise CompiledDecodeUnavailable("the compiled decode step is not ready")
-        return self._call(input_ids, positions, kv_caches, meta, allow_compile=False)
+        hidden = self._call(input_ids, positions, kv_caches, meta, allow_compile=False)
+        if sample_idx is not None and sample_idx.numel() == 0:    # a prefill chunk that does not sample
+            return torch.empty((0, self.model.arch.vocab_size), dtype=torch.float32)
+        if sample_idx is not None and sample_idx.numel() != hidden.shape[0]:
+            hidden = hidden.index_select(0, sample_idx)
+        return self.model.compute_logits(hidden)
 
     def _call(self, input_ids: torch.Tensor, positions: torch.Tensor,
               kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
@@ -322,12 +337,13 @@ def _lower_thread_priority() -> None:
 
 
 def _row_crossovers(model: Any) -> list[int]:
-    """The distinct row counts at which the model's projections switch weight copies (their
-    `x.shape[0] <= crossover_rows` branch, engine/models/quantized_linear.py), at least 1: each
-    is a guard that splits the batch sizes between graphs (ALL_ROWS is none: no branch is left)."""
+    """The row count at which the model's decoder projections (role "layer") switch weight copies
+    (their `x.shape[0] <= crossover_rows` branch, engine/models/quantized_linear.py), if at least
+    1: a guard that splits the batch sizes between graphs (ALL_ROWS is none: no branch is left).
+    The LM head's crossover is not one: the head runs after the graph."""
     summary = getattr(model, "weight_summary", None)
-    rows = summary.crossover_rows.values() if summary is not None else ()
-    return sorted({r for r in rows if 1 <= r < ALL_ROWS})
+    rows = summary.crossover_rows.get("layer", 0) if summary is not None else 0
+    return [rows] if 1 <= rows < ALL_ROWS else []
 
 
 def warm_up_shapes(model: Any, threads_for: Callable[[int], int] | None = None,
@@ -336,8 +352,9 @@ def warm_up_shapes(model: Any, threads_for: Callable[[int], int] | None = None,
     distinct graph key (one sequence or more, weight-copy regime, `threads_for` of the rows) over
     1..`max_rows` sequences, each the smallest row count of its key, so that every batch size has
     its graph before serving. A model with a single copy per projection on one thread count has
-    two graphs (1 sequence, 2 or more); SmolLM2's int4/bf16 copies under the step-thread rule have
-    three when the crossover and the rule's boundary agree (engine/step_threads.py)."""
+    two graphs (1 sequence, 2 or more); SmolLM2's int4/bf16 layer copies under the step-thread rule
+    have three when the crossover and the rule's boundary agree (engine/step_threads.py), two
+    when the layers keep no bf16 copy (crossover ALL_ROWS)."""
     crossovers = _row_crossovers(model)
     seen: dict[tuple[bool, int, int | None], int] = {}
     for rows in range(1, max_rows + 1):

@@ -195,12 +195,10 @@ class ModelRunner:
         step off for the rest of the run, with a warning, rather than retrying every step."""
         assert self.compiled is not None
         try:
-            logits = self.compiled.run(input_ids, positions, self.kv_caches, meta)
+            logits = self.compiled.run(input_ids, positions, self.kv_caches, meta, sample_idx)
         except CompiledDecodeUnavailable as error:
             logger.warning("compiled decode step turned off, running eager from now on: %s", error)
             self.compiled = None
             return None
         self.num_compiled_steps += 1
-        if sample_idx.numel() != logits.shape[0]:     # a one-token prefill chunk that does not sample
-            logits = logits.index_select(0, sample_idx)
         return logits

@@ -93,7 +93,8 @@ def test_logits_and_kv_match_eager(compiled_tiny, contexts: list[int]) -> None:
 def test_multi_token_queries_as_decode_rows_match_eager(compiled_tiny, steps: list[tuple[int, int]]) -> None:
     """A step of (cached context, query length) per sequence (decodes first, as the scheduler orders them), run through the compiled graph as one
     row per token (`ModelRunner.prepare(decode_only=True)`), gives the eager multi-token step's
-    logits at each sequence's last token and the same K/V; queries cross block edges (15+1, 16+16)."""
+    logits at each sequence's last token (the LM head run on those rows only) and the same K/V;
+    queries cross block edges (15+1, 16+16)."""
     from engine.scheduler import SchedulerOutput, ScheduledSeq
     from engine.sampling_params import SamplingParams
     from engine.sequence import Sequence
@@ -124,7 +125,9 @@ def test_multi_token_queries_as_decode_rows_match_eager(compiled_tiny, steps: li
             v.copy_(v0)
         flat_ids, flat_positions, flat_meta, flat_idx = runner.prepare(sched, decode_only=True)
         assert flat_meta.block_tables.shape[0] == sum(q for _, q in steps) and flat_idx.tolist() == sample_idx.tolist()
-        got = compiled.run(flat_ids, flat_positions, caches, flat_meta).index_select(0, flat_idx)
+        got = compiled.run(flat_ids, flat_positions, caches, flat_meta, flat_idx)   # the head on these rows only
+        none_sampled = compiled.run(flat_ids, flat_positions, caches, flat_meta, flat_idx[:0])
+    assert got.shape == eager.shape and none_sampled.shape == (0, eager.shape[1])
     torch.testing.assert_close(got, eager, atol=1e-4, rtol=0)
     owned = slice(0, runner.scratch_block)
     for (k, v), (ke, ve) in zip(caches, eager_kv):
@@ -178,9 +181,9 @@ class _Recompiling:
     def __init__(self, compiled: CompiledDecode) -> None:
         self.compiled = compiled
 
-    def run(self, input_ids, positions, kv_caches, meta):
+    def run(self, input_ids, positions, kv_caches, meta, sample_idx=None):
         meta = dataclasses.replace(meta, block_tables=meta.block_tables.long())
-        return self.compiled.run(input_ids, positions, kv_caches, meta)
+        return self.compiled.run(input_ids, positions, kv_caches, meta, sample_idx)
 
 
 def test_background_warm_up_while_eager_serves(compiled_tiny) -> None:
@@ -199,18 +202,23 @@ def test_background_warm_up_while_eager_serves(compiled_tiny) -> None:
 
 
 def test_warm_up_covers_each_side_of_every_weight_copy_crossover() -> None:
-    """A model whose projections switch from int4/int8 to bf16 copies past `crossover_rows` has a
-    graph on each side: the warm-up compiles a batch just past each crossover (seen in serving: a
-    warm-up of 2 sequences only left 9+ sequences to a recompile that turned the compiled step off)."""
+    """A model whose decoder projections switch from int4/int8 to bf16 copies past `crossover_rows`
+    has a graph on each side: the warm-up compiles a batch just past the crossover (seen in serving:
+    a warm-up of 2 sequences only left 9+ sequences to a recompile that turned the compiled step
+    off). The LM head runs after the graph, so its crossover adds none; nor do layers served by
+    their int4 copies at every row count (ALL_ROWS)."""
     from types import SimpleNamespace
 
+    from engine import ALL_ROWS
     from engine.compiled_decode import WARM_UP_TABLE_WIDTH, check_shapes, warm_up_shapes
 
     quantized = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 8, "head": 1}))
     assert warm_up_shapes(quantized) == [(1, WARM_UP_TABLE_WIDTH), (2, WARM_UP_TABLE_WIDTH), (9, WARM_UP_TABLE_WIDTH)]
     assert {n for n, _ in check_shapes(quantized)} >= {1, 3, 8, 11}
-    two = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 8, "head": 4}))
-    assert [n for n, _ in warm_up_shapes(two)] == [1, 2, 5, 9]
+    head_apart = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": 8, "head": 4}))
+    assert [n for n, _ in warm_up_shapes(head_apart)] == [1, 2, 9]
+    all_rows = SimpleNamespace(weight_summary=SimpleNamespace(crossover_rows={"layer": ALL_ROWS, "head": 8}))
+    assert [n for n, _ in warm_up_shapes(all_rows)] == [1, 2]
     dense = SimpleNamespace(weight_summary=None)
     assert warm_up_shapes(dense) == [(1, WARM_UP_TABLE_WIDTH), (2, WARM_UP_TABLE_WIDTH)]
 
