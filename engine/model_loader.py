@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,8 @@ from engine.models.weight_plan import WeightSummary
 from engine.safetensors_weights import iter_safetensors_weights, read_hf_config
 from engine.memory_trim import release_free_memory
 from engine.tokenizer_loader import load_tokenizer
-from kernels.cpu_ops import CpuOpsUnavailable, cpu_supports_cpu_ops, load_cpu_ops
+from kernels.cpu_ops import (CpuOpsUnavailable, cpu_supports_attention_ops, cpu_supports_cpu_ops, load_attention_ops,
+                             load_cpu_ops)
 
 if TYPE_CHECKING:
     from engine.models.llama import CausalLM
@@ -123,13 +125,23 @@ def load_model_weights(
 
 def prepare_cpu_kernels() -> bool:
     """Load kernels/cpu_ops.py's C++ kernels (paged decode attention, the w4a8 projection) where the
-    CPU has AVX512-VNNI, building them the first time on a machine; False, logged, where they
-    cannot run (the torch paths serve then)."""
-    if not cpu_supports_cpu_ops():
-        logger.info("C++ CPU kernels: not used (this CPU lacks AVX512-VNNI); torch paths serve")
-        return False
+    CPU has AVX512-VNNI, building them the first time on a machine; where it has AVX2 and FMA only,
+    the AVX2 paged decode attention. True when the AVX-512 library loaded; False, logged, otherwise
+    (the torch paths serve what no loaded kernel covers)."""
+    if cpu_supports_cpu_ops():
+        return _loaded(load_cpu_ops)
+    if not cpu_supports_attention_ops():
+        logger.info("C++ CPU kernels: not used (this CPU lacks AVX512-VNNI and AVX2); torch paths serve")
+    elif _loaded(load_attention_ops):
+        logger.info("C++ CPU kernels: the AVX2 paged decode attention only (this CPU lacks AVX512-VNNI); "
+                    "torch paths serve the projections")
+    return False
+
+
+def _loaded(load: Callable[[], object]) -> bool:
+    """Run one of kernels/cpu_ops.py's loaders; False, with a warning, when it fails."""
     try:
-        load_cpu_ops()
+        load()
     except (CpuOpsUnavailable, OSError, RuntimeError) as exc:
         logger.warning("C++ CPU kernels unavailable, torch paths serve: %s", exc)
         return False

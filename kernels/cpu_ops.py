@@ -4,7 +4,10 @@ loaded into torch's dispatcher, so eager code and compiled graphs call them as
 `torch.ops.structserve_cpu.<name>` (inductor as extern kernels, with no graph break).
 
 The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_supports_cpu_ops` says
-whether this CPU has it. Built once per source set, compiler command and torch version into
+whether this CPU has it. A CPU with AVX2 and FMA but not those gets a second library of the same
+operator namespace built from kernels/cpu_avx2/*.cpp: the paged decode attention only
+(`load_attention_ops`; the projections stay on torch's kernels there). One process loads one of
+the two, never both. Built once per source set, compiler command and torch version into
 `$XDG_CACHE_HOME/structserve/kernels` (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE`
 overrides): its sources compiled side by side, about 14 s the first time on the project's 2-core
 box (the Makefile's install step does it through `main`), then a file load. Each kernel module
@@ -31,9 +34,14 @@ logger = logging.getLogger(__name__)
 SOURCES = sorted((Path(__file__).with_name("cpu")).glob("*.cpp"))
 HEADERS = sorted((Path(__file__).with_name("cpu")).glob("*.h"))   # included by the sources: part of the cache key
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+ISA_COMPILE_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"]
+AVX2_SOURCES = sorted((Path(__file__).with_name("cpu_avx2")).glob("*.cpp"))   # they include ../cpu/*.h
+AVX2_REQUIRED_FLAGS = ("avx2", "fma")
+AVX2_COMPILE_FLAGS = ["-mavx2", "-mfma"]
 _lock = threading.Lock()
 _loaded: bool | None = None   # None: not tried yet
-_fakes: list[Callable[[], None]] = []
+_avx2_loaded: bool | None = None
+_fakes: list[tuple[Callable[[], None], bool]] = []   # (register, for the attention operator)
 
 
 class CpuOpsUnavailable(RuntimeError):
@@ -41,26 +49,67 @@ class CpuOpsUnavailable(RuntimeError):
     message says which)."""
 
 
+def _cpu_flags() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return []
+
+
 def cpu_supports_cpu_ops() -> bool:
     """Whether /proc/cpuinfo lists every instruction set the library is built for."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return all(flag in flags for flag in REQUIRED_FLAGS)
 
 
-def register_fake(register: Callable[[], None]) -> None:
+def cpu_supports_attention_ops() -> bool:
+    """Whether this CPU runs a C++ paged decode attention: the AVX-512 library's, or the AVX2 one's."""
+    flags = _cpu_flags()
+    return all(flag in flags for flag in REQUIRED_FLAGS) or all(flag in flags for flag in AVX2_REQUIRED_FLAGS)
+
+
+def register_fake(register: Callable[[], None], attention: bool = False) -> None:
     """Have `register` (a function that calls torch.library.register_fake for one operator) run
-    once the library is loaded: the shapes torch.compile traces the operator with."""
-    _fakes.append(register)
-    if _loaded:
+    once the library is loaded: the shapes torch.compile traces the operator with. `attention`:
+    the operator is paged_decode_attention, which the AVX2 library also defines."""
+    _fakes.append((register, attention))
+    if _loaded or (attention and _avx2_loaded):
         register()
 
 
 def cpu_ops_loaded() -> bool:
     """True once `load_cpu_ops` has succeeded in this process (no build is attempted)."""
     return bool(_loaded)
+
+
+def attention_ops_loaded() -> bool:
+    """True once either library, and so `torch.ops.structserve_cpu.paged_decode_attention`, is loaded."""
+    return bool(_loaded or _avx2_loaded)
+
+
+def load_attention_ops() -> str:
+    """Load the library that defines paged_decode_attention here, once per process: the AVX-512
+    one (`load_cpu_ops`) where the CPU has AVX512-VNNI, else the AVX2 one (kernels/cpu_avx2),
+    building it the first time. Returns "avx512" or "avx2". Raises CpuOpsUnavailable when the CPU
+    has neither instruction set or the build or load fails (remembered, as in `load_cpu_ops`)."""
+    global _avx2_loaded
+    if cpu_supports_cpu_ops():
+        load_cpu_ops()
+        return "avx512"
+    with _lock:
+        if _avx2_loaded is None:
+            _avx2_loaded = False
+            flags = _cpu_flags()
+            if not all(flag in flags for flag in AVX2_REQUIRED_FLAGS):
+                raise CpuOpsUnavailable("this CPU lacks AVX2 and FMA for the C++ paged decode attention")
+            torch.ops.load_library(str(_build(AVX2_SOURCES, AVX2_COMPILE_FLAGS, "structserve_cpu_avx2")))
+            for register, attention in _fakes:
+                if attention:
+                    register()
+            _avx2_loaded = True
+        elif not _avx2_loaded:
+            raise CpuOpsUnavailable("the C++ paged decode attention failed to build or load earlier in this process")
+    return "avx2"
 
 
 def load_cpu_ops() -> None:
@@ -73,8 +122,8 @@ def load_cpu_ops() -> None:
             _loaded = False
             if not cpu_supports_cpu_ops():
                 raise CpuOpsUnavailable("this CPU lacks AVX512-VNNI (needs " + ", ".join(REQUIRED_FLAGS) + ")")
-            torch.ops.load_library(str(_build()))
-            for register in _fakes:
+            torch.ops.load_library(str(_build(SOURCES, ISA_COMPILE_FLAGS, "structserve_cpu")))
+            for register, _ in _fakes:
                 register()
             _loaded = True
         elif not _loaded:
@@ -88,14 +137,14 @@ def _cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "structserve" / "kernels"
 
 
-def _build() -> Path:
-    """The shared library's path, compiling it if absent: each source to an object in its own
-    compiler process (they run side by side, one per core), then one link. Raises
-    CpuOpsUnavailable with the compiler's message when the build fails."""
+def _build(sources: list[Path], isa_flags: list[str], stem: str) -> Path:
+    """The shared library `stem` of `sources` compiled with `isa_flags`: its path, compiling it
+    if absent: each source to an object in its own compiler process (they run side by side, one
+    per core), then one link. Raises CpuOpsUnavailable with the compiler's message when the build
+    fails."""
     from torch.utils import cpp_extension
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    compile_flags = [os.environ.get("CXX", "g++"), "-O3", "-std=c++20", "-fPIC",
-                     "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma",
+    compile_flags = [os.environ.get("CXX", "g++"), "-O3", "-std=c++20", "-fPIC", *isa_flags,
                      f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-fopenmp"]
     compile_flags += [f"-I{p}" for p in cpp_extension.include_paths()]
     # -fopenmp: at::parallel_for is OpenMP in torch's CPU builds; torch's own libgomp (in its lib
@@ -103,19 +152,19 @@ def _build() -> Path:
     link_flags = ["-shared", "-fopenmp"] + [f"-L{p}" for p in cpp_extension.library_paths()]
     link_flags += ["-lc10", "-ltorch_cpu"] + [f"-Wl,-rpath,{p}" for p in cpp_extension.library_paths()]
     digest = hashlib.sha256(" ".join([torch.__version__, *compile_flags, *link_flags]).encode())
-    for source in (*SOURCES, *HEADERS):
+    for source in (*sources, *HEADERS):
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
     root = _cache_root()
-    target = root / f"structserve_cpu_{digest.hexdigest()[:16]}.so"
+    target = root / f"{stem}_{digest.hexdigest()[:16]}.so"
     if target.exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="structserve_cpu_build", dir=root) as work:
-        objects = [Path(work) / f"{source.stem}.o" for source in SOURCES]
-        logger.info("building the C++ CPU kernels (%d sources side by side): %s", len(SOURCES),
+        objects = [Path(work) / f"{source.stem}.o" for source in sources]
+        logger.info("building the C++ CPU kernels %s (%d sources side by side): %s", stem, len(sources),
                     " ".join(compile_flags))
-        _run_all([[*compile_flags, "-c", str(source), "-o", str(obj)] for source, obj in zip(SOURCES, objects)])
+        _run_all([[*compile_flags, "-c", str(source), "-o", str(obj)] for source, obj in zip(sources, objects)])
         partial = Path(work) / target.name
         _run_all([[compile_flags[0], *map(str, objects), *link_flags, "-o", str(partial)]])
         os.replace(partial, target)   # atomic: processes building at once each install a whole file
@@ -138,13 +187,17 @@ def _run_all(commands: list[list[str]]) -> None:
 def main() -> int:
     """Build (or find) the library ahead of the first server start (the Makefile's install step
     runs it); prints its path, or why it cannot run here. Exit 0
-    either way: CPUs without AVX512-VNNI serve through the torch paths."""
+    either way: CPUs without AVX512-VNNI serve the projections through the torch paths (and the
+    decode attention through the AVX2 library where the CPU has AVX2 and FMA)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if not cpu_supports_cpu_ops():
-        print("C++ CPU kernels: not built (this CPU lacks AVX512-VNNI); the torch paths serve")
-        return 0
     try:
-        print(f"C++ CPU kernels: {_build()}")
+        if cpu_supports_cpu_ops():
+            print(f"C++ CPU kernels: {_build(SOURCES, ISA_COMPILE_FLAGS, 'structserve_cpu')}")
+        elif cpu_supports_attention_ops():
+            print("C++ CPU kernels: the AVX2 paged decode attention only (this CPU lacks AVX512-VNNI): "
+                  f"{_build(AVX2_SOURCES, AVX2_COMPILE_FLAGS, 'structserve_cpu_avx2')}")
+        else:
+            print("C++ CPU kernels: not built (this CPU lacks AVX512-VNNI and AVX2); the torch paths serve")
     except CpuOpsUnavailable as exc:
         print(f"C++ CPU kernels: unavailable, the torch paths serve: {exc}")
     return 0

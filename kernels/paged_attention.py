@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_ops import cpu_ops_loaded, register_fake
+from kernels.cpu_ops import attention_ops_loaded, register_fake
 from kernels.triton_runtime import tl, triton
 
 
@@ -153,8 +153,9 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Decode attention read in place from the block tables, `[num_seqs, num_heads, head_dim]` in
     q's dtype: the C++ kernel `torch.ops.structserve_cpu.paged_decode_attention`
-    (kernels/cpu/paged_decode.cpp: one task per sequence and KV head, each K and V row read once)
-    where kernels/cpu_ops.py's library is loaded and q and the caches are float32 CPU tensors with
+    (kernels/cpu/paged_decode.cpp, or kernels/cpu_avx2/paged_decode.cpp on an AVX2 CPU without
+    AVX-512: one task per sequence and KV head, each K and V row read once) where one of
+    kernels/cpu_ops.py's libraries is loaded and q and the caches are float32 CPU tensors with
     head_dim a multiple of 16 (at most 256) and at most 8 query heads per KV head; else
     `paged_decode_reduction`. Both give `paged_attention_ref`'s numbers on an all-decode batch
     (float32 rounding). torch.compile traces the choice once per graph."""
@@ -166,7 +167,7 @@ def paged_decode_attention(
 def _cpu_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether `paged_decode_attention`'s C++ kernel takes these tensors."""
     head_dim, group = q.shape[-1], q.shape[1] // k_cache.shape[2]
-    return (cpu_ops_loaded() and q.device.type == "cpu" and q.dtype == torch.float32
+    return (attention_ops_loaded() and q.device.type == "cpu" and q.dtype == torch.float32
             and k_cache.dtype == torch.float32 and head_dim % 16 == 0 and head_dim <= 256 and group <= 8)
 
 
@@ -208,7 +209,7 @@ def _register_fake() -> None:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-register_fake(_register_fake)
+register_fake(_register_fake, attention=True)
 
 
 if triton is not None:

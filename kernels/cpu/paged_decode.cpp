@@ -1,7 +1,7 @@
 // structserve_cpu::paged_decode_attention: one query token per sequence against that sequence's
 // keys, read in place from the paged cache through its block table (no gather of the contexts).
 // Contract and torch reference: kernels/paged_attention.py (`paged_attention_ref` on an all-decode
-// batch; `paged_decode_attention` picks this kernel).
+// batch; `paged_decode_attention` picks this kernel). The checks, tasks and merge: paged_decode_tasks.h.
 //
 // Layout: q [num_seqs, num_heads, head_dim] float32; k_cache / v_cache [num_blocks, block_size,
 // num_kv_heads, head_dim] float32, contiguous; block_tables [num_seqs, width] int32 (-1 padded);
@@ -17,22 +17,19 @@
 // of 4,000 keys (SmolLM2's 3 KV heads, caches from memory): 407 against 522 us for one task per KV
 // head; 1,000 keys: 40 against 55 us.
 
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/util/Exception.h>
 #include <immintrin.h>
-#include <torch/library.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
+#include "paged_decode_tasks.h"
+
 namespace {
 
-constexpr int kMaxGroup = 8;      // query heads per KV head
-constexpr int kMaxChunks = 16;    // head_dim / 16
+using structserve_cpu::AttendArgs;
+using structserve_cpu::kMaxGroup;
+using structserve_cpu::Partial;
+using structserve_cpu::run_paged_decode;
 
 // exp(x) for x <= 0 as 2^n * 2^f, n = round(x log2 e), |f| <= 1/2, 2^f by its Taylor polynomial of
 // degree 7 (relative error below 1e-8 on that range), scaled with vscalefps.
@@ -51,15 +48,6 @@ inline __m512 exp_ps(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(p, n);
 }
-
-constexpr int64_t kChunkKeys = 512;   // keys per task when a sequence is split between threads
-
-// One chunk's softmax state for the group's query heads (acc: group x head_dim floats).
-struct Partial {
-  float max[kMaxGroup];
-  float sum[kMaxGroup];
-  float* acc;
-};
 
 template <int DC>
 void attend_one(const float* q, const float* k_cache, const float* v_cache, const int32_t* table,
@@ -136,115 +124,17 @@ void attend_one(const float* q, const float* k_cache, const float* v_cache, cons
       _mm512_storeu_ps(out + g * D + c * 16, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv_sum[g])));
 }
 
-// out_g = sum_c acc_cg * exp(max_cg - M) / sum_c sum_cg * exp(max_cg - M), M = max_c max_cg: the
-// chunks of one (sequence, KV head) merged in chunk order.
-void merge_chunks(const Partial* chunks, int64_t num_chunks, int64_t group, int64_t D, float* out) {
-  std::vector<float> sum(static_cast<size_t>(D));
-  for (int64_t g = 0; g < group; ++g) {
-    float top = -INFINITY;
-    for (int64_t c = 0; c < num_chunks; ++c) top = std::max(top, chunks[c].max[g]);
-    float total = 0.f;
-    std::fill(sum.begin(), sum.end(), 0.f);
-    for (int64_t c = 0; c < num_chunks; ++c) {
-      const float w = std::exp(chunks[c].max[g] - top);
-      total += chunks[c].sum[g] * w;
-      for (int64_t d = 0; d < D; ++d) sum[d] += chunks[c].acc[g * D + d] * w;
-    }
-    for (int64_t d = 0; d < D; ++d) out[g * D + d] = sum[d] / total;
-  }
-}
-
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "paged_decode_attention: q must be float32 [S, H, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && v_cache.sizes() == k_cache.sizes() &&
-                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "paged_decode_attention: caches must be contiguous float32 [blocks, block_size, kv_heads, D]");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt &&
-                  seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt,
-              "paged_decode_attention: block_tables [S, W] and seq_lens [S] must be int32");
-  const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
-  const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D / 16 <= kMaxChunks,
-              "paged_decode_attention: head_dim must match the cache and be a multiple of 16 up to 256");
-  TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, "paged_decode_attention: at most 8 query heads per KV head");
-  TORCH_CHECK(block_tables.size(0) == S && seq_lens.size(0) == S, "paged_decode_attention: one table row and length per sequence");
-  const at::Tensor qc = q.contiguous(), tables = block_tables.contiguous(), lens = seq_lens.contiguous();
-  const int64_t width = tables.size(1), num_blocks = k_cache.size(0);
-  const int32_t* len = lens.data_ptr<int32_t>();
-  const int32_t* tab = tables.data_ptr<int32_t>();
-  for (int64_t s = 0; s < S; ++s) {
-    TORCH_CHECK(len[s] >= 1 && len[s] <= width * block_size, "paged_decode_attention: seq_lens out of the table's range");
-    for (int64_t b = 0; b < (len[s] + block_size - 1) / block_size; ++b) {
-      TORCH_CHECK(tab[s * width + b] >= 0 && tab[s * width + b] < num_blocks,
-                  "paged_decode_attention: a block the context needs is not in the cache");
-    }
-  }
-  at::Tensor out = at::empty({S, H, D}, q.options());
-  const int64_t group = H / KVH, row_stride = KVH * D;
-  const float* qp = qc.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const float fscale = static_cast<float>(scale);
-  // Tasks: (sequence, KV head, chunk of kChunkKeys keys). A sequence's chunks depend only on its own
-  // length, so its result does not depend on the batch; a one-chunk task writes its output, the
-  // chunks of a longer sequence write partial softmax states that are merged afterwards.
-  struct Task {
-    int64_t s, h, t0, t1, partial;   // partial: index of its Partial, -1 for a one-chunk task
-  };
-  std::vector<Task> tasks;
-  struct Merge {
-    int64_t s, h, first, chunks;   // a split (sequence, KV head): its first Partial and their count
-  };
-  std::vector<Merge> merges;
-  int64_t num_partials = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t chunks = (len[s] + kChunkKeys - 1) / kChunkKeys;
-    for (int64_t h = 0; h < KVH; ++h) {
-      if (chunks > 1) merges.push_back(Merge{s, h, num_partials, chunks});
-      for (int64_t c = 0; c < chunks; ++c) {
-        tasks.push_back(Task{s, h, c * kChunkKeys, std::min<int64_t>(len[s], (c + 1) * kChunkKeys),
-                             chunks > 1 ? num_partials++ : -1});
-      }
-    }
-  }
-  std::vector<float> partial_acc(static_cast<size_t>(num_partials * group * D));
-  std::vector<Partial> partials(static_cast<size_t>(num_partials));
-  for (int64_t i = 0; i < num_partials; ++i) partials[i].acc = partial_acc.data() + i * group * D;
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t i = begin; i < end; ++i) {
-      const Task& task = tasks[i];
-      const int64_t s = task.s, h = task.h;
-      const float* qh = qp + (s * H + h * group) * D;
-      float* oh = op + (s * H + h * group) * D;
-      const int32_t* table = tab + s * width;
-      Partial* partial = task.partial >= 0 ? &partials[task.partial] : nullptr;
-      switch (D / 16) {
-#define STRUCTSERVE_CASE(DC) \
-  case DC: attend_one<DC>(qh, kp + h * D, vp + h * D, table, task.t0, task.t1, block_size, row_stride, group, \
-                          fscale, oh, partial, scores); break;
-        STRUCTSERVE_CASE(1) STRUCTSERVE_CASE(2) STRUCTSERVE_CASE(3) STRUCTSERVE_CASE(4)
-        STRUCTSERVE_CASE(5) STRUCTSERVE_CASE(6) STRUCTSERVE_CASE(7) STRUCTSERVE_CASE(8)
-        STRUCTSERVE_CASE(9) STRUCTSERVE_CASE(10) STRUCTSERVE_CASE(11) STRUCTSERVE_CASE(12)
-        STRUCTSERVE_CASE(13) STRUCTSERVE_CASE(14) STRUCTSERVE_CASE(15) STRUCTSERVE_CASE(16)
-#undef STRUCTSERVE_CASE
-        default: break;
-      }
-    }
+  return run_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                          [](const AttendArgs& a, std::vector<float>& scores) {
+    structserve_cpu::with_head_chunks(a.head_dim, [&](auto chunks) {
+      attend_one<decltype(chunks)::value>(a.q, a.k_cache, a.v_cache, a.table, a.t0, a.t1, a.block_size, a.row_stride,
+                                          a.group, a.scale, a.out, a.partial, scores);
+    });
   });
-  for (const Merge& m : merges) {
-    merge_chunks(partials.data() + m.first, m.chunks, group, D, op + (m.s * H + m.h * group) * D);
-  }
-  return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(structserve_cpu, m) {
-  m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-        "float scale) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(structserve_cpu, CPU, m) { m.impl("paged_decode_attention", &paged_decode_attention); }
+STRUCTSERVE_REGISTER_PAGED_DECODE(paged_decode_attention)

@@ -1,7 +1,7 @@
 """paged_decode_attention (the in-place decode attention the compiled step traces) against the
 reference `paged_attention_ref`, eager and compiled, in both its forms: the C++ kernel
-(kernels/cpu/paged_decode.cpp, where the CPU has AVX512-VNNI) and the torch reduction inductor
-fuses; write_kv_scratch against write_kv_ref.
+(kernels/cpu/paged_decode.cpp where the CPU has AVX512-VNNI, else kernels/cpu_avx2/paged_decode.cpp
+where it has AVX2 and FMA) and the torch reduction inductor fuses; write_kv_scratch against write_kv_ref.
 
 Tolerance: float32 within 1e-5 of the reference (observed ~5e-7); bfloat16 caches within 2e-2.
 """
@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from kernels.cpu_ops import cpu_supports_cpu_ops, load_cpu_ops
+from kernels.cpu_ops import cpu_supports_attention_ops, load_attention_ops
 from kernels.paged_attention import (
     paged_attention_ref,
     paged_decode_attention,
@@ -25,12 +25,13 @@ from kernels.paged_attention import (
 
 def cpu_kernel(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
     """The C++ kernel itself (the library loaded first)."""
-    load_cpu_ops()
+    load_attention_ops()
     return torch.ops.structserve_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
-NEEDS_VNNI = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the C++ kernels")
-IMPLEMENTATIONS = [pytest.param(cpu_kernel, id="cpu_kernel", marks=NEEDS_VNNI),
+NEEDS_KERNEL = pytest.mark.skipif(not cpu_supports_attention_ops(),
+                                  reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ decode attention")
+IMPLEMENTATIONS = [pytest.param(cpu_kernel, id="cpu_kernel", marks=NEEDS_KERNEL),
                    pytest.param(paged_decode_reduction, id="reduction")]
 
 # (num_heads, num_kv_heads, head_dim, block_size, context lengths incl. the new token)
@@ -153,7 +154,7 @@ def test_compiled_matches_reference_without_recompiling(one_torch_thread: None, 
     """One torch.compile (batch and block-table width dynamic, as in engine/compiled_decode.py)
     serves every batch size >= 2 and context length of the SmolLM2 head layout."""
     if impl is cpu_kernel:   # the dispatcher, traced with the library loaded, calls the kernel
-        load_cpu_ops()
+        load_attention_ops()
         impl = paged_decode_attention
     compiled = torch.compile(impl, fullgraph=True, dynamic=False)
 
@@ -174,16 +175,16 @@ def test_compiled_matches_reference_without_recompiling(one_torch_thread: None, 
                 torch.testing.assert_close(run(batch), reference(batch), atol=1e-5, rtol=0)
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 def test_the_dispatcher_takes_the_kernel_for_float32_and_the_reduction_for_bf16() -> None:
-    load_cpu_ops()
+    load_attention_ops()
     batch = make_decode_batch(9, 3, 64, 16, [20, 33, 7])
     assert torch.equal(decode(paged_decode_attention, batch), decode(cpu_kernel, batch))
     half = make_decode_batch(9, 3, 64, 16, [20, 33, 7], dtype=torch.bfloat16)
     assert torch.equal(decode(paged_decode_attention, half), decode(paged_decode_reduction, half))
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 def test_the_kernel_refuses_a_context_past_its_table_or_a_missing_block() -> None:
     batch = make_decode_batch(9, 3, 64, 16, [20, 33])
     batch["seq_lens"] = torch.tensor([20, 33 + 16 * batch["block_tables"].shape[1]], dtype=torch.int32)
@@ -209,7 +210,7 @@ def test_write_kv_scratch_sends_skipped_rows_to_the_last_slot() -> None:
     assert int((k_cache[3].abs().sum(dim=(1, 2)) > 0).sum()) == 1   # nothing else in the scratch block
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 def test_a_split_sequence_gives_the_same_bits_alone_and_in_any_batch() -> None:
     """How the kernel splits a sequence's keys between tasks depends on its own length only, so a
     row's output is the same alone, in a batch and on one thread."""
