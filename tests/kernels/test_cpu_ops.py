@@ -1,5 +1,6 @@
 """kernels/cpu_ops.py's build step (`main`, run by the Makefile's install): it reports the library
-it built or found, and a failed build says why, exits 0 and leaves nothing in the cache."""
+it built or found (the AVX-512 one, or the AVX2 decode attention where the CPU lacks AVX512-VNNI),
+and a failed build says why, exits 0 and leaves nothing in the cache."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu_ops import cpu_supports_cpu_ops
+from kernels.cpu_ops import cpu_supports_attention_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = "import sys; from kernels.cpu_ops import main; sys.exit(main())"
-NEEDS_CPU_OPS = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the C++ kernels")
+NEEDS_CPU_OPS = pytest.mark.skipif(not cpu_supports_attention_ops(),
+                                   reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ kernels")
 
 
 def build_step(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -26,7 +28,7 @@ def build_step(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_the_build_step_reports_the_library_it_loads() -> None:
     result = build_step({})        # the suite's own runs have built it into the default cache already
     assert result.returncode == 0, result.stderr
-    path = Path(result.stdout.strip().removeprefix("C++ CPU kernels: "))
+    path = Path(result.stdout.strip().split(" ")[-1])
     assert path.suffix == ".so" and path.is_file(), result.stdout
 
 
@@ -38,13 +40,41 @@ def test_a_failed_build_says_why_and_leaves_nothing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-WITHOUT_VNNI = ("import sys, kernels.cpu_ops as ops; ops.cpu_supports_cpu_ops = lambda: False; "
-                "sys.exit(ops.main())")
+AVX2_ONLY = """
+import sys, torch, kernels.cpu_ops as ops
+ops.cpu_supports_cpu_ops = lambda: False          # as where /proc/cpuinfo lacks AVX512-VNNI
+ops.main()
+assert ops.load_attention_ops() == "avx2" and not ops.cpu_ops_loaded()
+from kernels.paged_attention import paged_decode_attention, paged_decode_reduction
+gen = torch.Generator().manual_seed(0)
+k_cache, v_cache = torch.randn(40, 16, 3, 64, generator=gen), torch.randn(40, 16, 3, 64, generator=gen)
+q = torch.randn(4, 9, 64, generator=gen)
+tables = torch.randperm(39, generator=gen)[:36].view(4, 9).to(torch.int32)
+seq_lens = torch.tensor([1, 17, 100, 140], dtype=torch.int32)   # a tail in a block, several blocks
+got = paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
+want = paged_decode_reduction(q, k_cache, v_cache, tables, seq_lens, 0.125)
+print("max diff", float((got - want).abs().max()))
+"""
 
 
-def test_without_vnni_the_build_step_says_so_and_builds_nothing(tmp_path: Path) -> None:
-    """On any CPU: the step as it runs where /proc/cpuinfo lacks AVX512-VNNI (the check replaced)."""
-    result = subprocess.run([sys.executable, "-c", WITHOUT_VNNI], cwd=ROOT, capture_output=True, text=True,
+@pytest.mark.skipif(not cpu_supports_attention_ops(), reason="this CPU lacks AVX2 and FMA")
+def test_without_vnni_the_build_step_builds_the_avx2_attention_and_it_matches(tmp_path: Path) -> None:
+    """On any CPU with AVX2 (AVX-512 ones included, the VNNI check replaced): the step builds the
+    AVX2 library only, and its decode attention gives the torch reduction's numbers."""
+    result = subprocess.run([sys.executable, "-c", AVX2_ONLY], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "STRUCTSERVE_KERNEL_CACHE": str(tmp_path)}, timeout=300)
+    assert result.returncode == 0 and "the AVX2 paged decode attention only" in result.stdout, result.stdout + result.stderr
+    assert [p.name.split("_")[2] for p in tmp_path.iterdir()] == ["avx2"], list(tmp_path.iterdir())
+    assert float(result.stdout.strip().split(" ")[-1]) < 1e-5, result.stdout
+
+
+NEITHER = ("import sys, kernels.cpu_ops as ops; ops.cpu_supports_cpu_ops = lambda: False; "
+           "ops.cpu_supports_attention_ops = lambda: False; sys.exit(ops.main())")
+
+
+def test_without_vnni_or_avx2_the_build_step_says_so_and_builds_nothing(tmp_path: Path) -> None:
+    """On any CPU: the step as it runs where /proc/cpuinfo lacks both (the checks replaced)."""
+    result = subprocess.run([sys.executable, "-c", NEITHER], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "STRUCTSERVE_KERNEL_CACHE": str(tmp_path)}, timeout=120)
-    assert result.returncode == 0 and "lacks AVX512-VNNI" in result.stdout, result.stdout
+    assert result.returncode == 0 and "lacks AVX512-VNNI and AVX2" in result.stdout, result.stdout
     assert list(tmp_path.iterdir()) == []
