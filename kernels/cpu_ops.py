@@ -49,23 +49,23 @@ class CpuOpsUnavailable(RuntimeError):
     message says which)."""
 
 
-def _cpu_flags() -> list[str]:
+def _cpu_has(required: tuple[str, ...]) -> bool:
+    """Whether /proc/cpuinfo lists every flag of `required` (False where it cannot be read)."""
     try:
-        return Path("/proc/cpuinfo").read_text().split()
+        flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
-        return []
+        return False
+    return all(flag in flags for flag in required)
 
 
 def cpu_supports_cpu_ops() -> bool:
     """Whether /proc/cpuinfo lists every instruction set the library is built for."""
-    flags = _cpu_flags()
-    return all(flag in flags for flag in REQUIRED_FLAGS)
+    return _cpu_has(REQUIRED_FLAGS)
 
 
 def cpu_supports_attention_ops() -> bool:
     """Whether this CPU runs a C++ paged decode attention: the AVX-512 library's, or the AVX2 one's."""
-    flags = _cpu_flags()
-    return all(flag in flags for flag in REQUIRED_FLAGS) or all(flag in flags for flag in AVX2_REQUIRED_FLAGS)
+    return _cpu_has(REQUIRED_FLAGS) or _cpu_has(AVX2_REQUIRED_FLAGS)
 
 
 def register_fake(register: Callable[[], None], attention: bool = False) -> None:
@@ -99,8 +99,7 @@ def load_attention_ops() -> str:
     with _lock:
         if _avx2_loaded is None:
             _avx2_loaded = False
-            flags = _cpu_flags()
-            if not all(flag in flags for flag in AVX2_REQUIRED_FLAGS):
+            if not _cpu_has(AVX2_REQUIRED_FLAGS):
                 raise CpuOpsUnavailable("this CPU lacks AVX2 and FMA for the C++ paged decode attention")
             torch.ops.load_library(str(_build(AVX2_SOURCES, AVX2_COMPILE_FLAGS, "structserve_cpu_avx2")))
             for register, attention in _fakes:
