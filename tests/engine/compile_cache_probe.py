@@ -1,10 +1,11 @@
 """One fresh process's compile of a tiny model's decode step against a given on-disk cache folder:
 `python -m tests.engine.compile_cache_probe MODEL_DIR CACHE_DIR [CROSSOVER_ROWS]` (from the repository root) prints
 one JSON line with the warm-up's seconds, what torch's caches served (`CompiledDecode.cache_stats`),
-the number of graphs it compiled, and the compiled and eager float32 logits of three fixed decode
-steps: 1 sequence (a graph of its own), 2 (the int4 copies, at most `CROSSOVER_ROWS` rows) and 3
-(the bf16 oneDNN copies past it). Run by
-test_compile_cache.py, twice per folder: the second process must load what the first compiled.
+the number of graphs it compiled, and the compiled and eager float32 logits of three decode
+steps: 1 sequence (a graph of its own), 2 (the int4 copies, at most `CROSSOVER_ROWS` rows) and
+`CROSSOVER_ROWS` + 1 (the bf16 oneDNN copies past it). Run by test_compile_cache.py, three times
+on one folder: the second process must load what the first compiled, the third (another crossover)
+must compile its own graphs.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def main(model_dir: str, cache_dir: str, crossover_rows: int = CROSSOVER_ROWS) -
     result: dict = {"compile_seconds": compiled.compile_seconds, "cache_stats": compiled.cache_stats,
                     "graphs": len(compiled.graph_seconds), "compiled": [], "eager": []}
     with torch.inference_mode():
-        for num_seqs in (1, 2, 3):
+        for num_seqs in (1, 2, crossover_rows + 1):
             input_ids, positions, meta = decode(num_seqs)
             result["compiled"].append(compiled.run(input_ids, positions, runner.kv_caches, meta).tolist())
             eager_meta = AttentionMetadata(**{**{f: getattr(meta, f) for f in meta.__dataclass_fields__},
