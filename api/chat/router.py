@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 
 from fastapi import APIRouter, Depends, Request
@@ -29,9 +28,9 @@ async def create_chat_completion(request: Request, context: Context) -> Response
     body = await read_body(request, ChatCompletionRequest)
     model = context.resolve_model(body.model)
     engine = context.engine
-    chat = await asyncio.to_thread(translate, body, model.lora_name)
     meta = ResponseMeta.new("chatcmpl", model.name)
-    generation = await prepare(engine.tokenizer, context.config, meta.id, chat.inputs)
+    chat, generation = await prepare(engine.tokenizer, context.config, meta.id,
+                                     partial(translate, body, model.lora_name), lambda chat: chat.inputs)
     tool_calling = generation.constraints.tool_calling
     options = ChatOutputOptions(
         n=generation.engine_request.sampling_params.n,

@@ -47,8 +47,13 @@ class ChatPrompt:
 
 
 async def render_prompt(tokenizer: Any, config: ServerConfig, inputs: GenerationInputs) -> ChatPrompt:
+    """`render_prompt_sync` in a worker thread, off the event loop."""
+    return await asyncio.to_thread(render_prompt_sync, tokenizer, config, inputs)
+
+
+def render_prompt_sync(tokenizer: Any, config: ServerConfig, inputs: GenerationInputs) -> ChatPrompt:
     """Render `inputs.messages` (and its tools, when generation uses them) with the chat template
-    and encode the text, off the event loop.
+    and encode the text. Blocks for the template and the tokenizer: call it from a worker thread.
 
     The template is chosen by `template_select.pick_chat_template` (`config.chat_template`, the
     tokenizer's own, or the shipped tool template of `config.tool_call_parser` when tools are
@@ -78,7 +83,7 @@ async def render_prompt(tokenizer: Any, config: ServerConfig, inputs: Generation
     tools = inputs.tools.tools if renders_tools(inputs.tools) else ()
     tool_dicts = [tool.template_dict() for tool in tools] or None
     template = _Template(config.chat_template, config.tool_call_parser, bool(tools) or conversation_uses_tools(messages))
-    return await asyncio.to_thread(_render_and_encode, tokenizer, conversation, tool_dicts, template, options)
+    return _render_and_encode(tokenizer, conversation, tool_dicts, template, options)
 
 
 def template_dict(message: Message) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from api.http.context import Context
 from api.generation.constraints import request_constraints
 from api.generation.prepare import prepare
-from api.generation.render import render_prompt
+from api.generation.render import render_prompt_sync
 from api.http.auth import require_api_key
 from api.http.body import read_body
 from api.messages.objects import CountTokensResult
@@ -41,9 +41,9 @@ async def create_message(request: Request, context: Context) -> Response:
     body = await read_body(request, MessagesRequest)
     model = context.resolve_model(body.model)
     engine = context.engine
-    inputs = await asyncio.to_thread(translate, body, model.lora_name)
     meta = ResponseMeta(id=f"msg_{uuid.uuid4().hex}", created=int(time.time()), model=model.name)
-    generation = await prepare(engine.tokenizer, context.config, meta.id, inputs)
+    _, generation = await prepare(engine.tokenizer, context.config, meta.id,
+                                  partial(translate, body, model.lora_name), lambda inputs: inputs)
     tool_calling = generation.constraints.tool_calling
     options = MessageOptions(
         tool_calling=tool_calling,
@@ -72,7 +72,10 @@ async def count_tokens(request: Request, context: Context) -> CountTokensResult:
     body = await read_body(request, CountTokensRequest)
     model = context.resolve_model(body.model)
     engine = context.engine
-    inputs = await asyncio.to_thread(translate, body, model.lora_name)
-    await asyncio.to_thread(request_constraints, inputs, context.config)
-    prompt = await render_prompt(engine.tokenizer, context.config, inputs)
-    return CountTokensResult(input_tokens=len(prompt.token_ids))
+
+    def count() -> int:
+        inputs = translate(body, model.lora_name)
+        request_constraints(inputs, context.config)
+        return len(render_prompt_sync(engine.tokenizer, context.config, inputs).token_ids)
+
+    return CountTokensResult(input_tokens=await asyncio.to_thread(count))

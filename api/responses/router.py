@@ -7,7 +7,6 @@ same generation core as a chat completion (`api/generation/prepare.py`).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from functools import partial
 from typing import Annotated, Literal
@@ -57,9 +56,10 @@ async def create_response(request: Request, context: Context, responses: Respons
             )
         history = found
     engine = context.engine
-    translated = await asyncio.to_thread(translate, body, history, model.lora_name)
     response_id = f"{context.config.response_id_prefix}{uuid.uuid4().hex}"
-    generation = await prepare(engine.tokenizer, context.config, response_id, translated.inputs)
+    translated, generation = await prepare(engine.tokenizer, context.config, response_id,
+                                           partial(translate, body, history, model.lora_name),
+                                           lambda translated: translated.inputs)
     grammar_param = generation.constraints.grammar_param
     run = ResponseRun(
         initial=initial_response(body, response_id, model.name),

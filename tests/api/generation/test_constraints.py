@@ -178,6 +178,29 @@ async def test_tool_errors(
     assert engine.requests == []
 
 
+async def test_schema_verdicts_cached_by_text_keep_each_requests_param(client: httpx.AsyncClient) -> None:
+    """The meta-schema check is cached by the schema's canonical text: the same bad schema sent
+    again, in another place, names that place; the same schema with keys in another order is the
+    same verdict; a valid schema cached before stays valid."""
+    bad = {"type": "object", "properties": {"a": {"type": "nope"}}}
+    reordered = {"properties": {"a": {"type": "nope"}}, "type": "object"}
+    for tools, param in (
+        ([{"type": "function", "function": {"name": "f", "parameters": bad}}], "tools[0].function.parameters"),
+        ([WEATHER, {"type": "function", "function": {"name": "f", "parameters": reordered}}],
+         "tools[1].function.parameters"),
+    ):
+        response = await client.post("/v1/chat/completions", json=chat_body(tools=tools))
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param and "properties.a.type" in error["message"], error
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": bad}}
+    response = await client.post("/v1/chat/completions", json=chat_body(response_format=fmt))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "response_format.json_schema.schema"
+    for _ in range(2):
+        response = await client.post("/v1/chat/completions", json=chat_body(tools=TOOLS))
+        assert response.status_code == 200, response.text
+
+
 async def test_unknown_named_tool_message_lists_tools(client: httpx.AsyncClient) -> None:
     choice = {"type": "function", "function": {"name": "nope"}}
     response = await client.post("/v1/chat/completions", json=chat_body(tools=TOOLS, tool_choice=choice))
