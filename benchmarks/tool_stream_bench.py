@@ -5,8 +5,14 @@ the arguments as generated.
 For each checkout (`--before REV`, extracted with `git archive` into a temporary folder, and this
 working tree), starts `structserve serve` (SmolLM2, model name smollm2) and runs the shared loadgen's
 `tools` (tool_choice required) and `json_schema` loads at concurrency 1 and 8, alternating, each
-`--repeats` times (medians). The loadgen's TTFT of a tools request is its first delta carrying a tool
-call; a probe also times the first delta carrying an argument fragment (non-empty
+`--repeats` times (medians) after one warm-up pass of every load. `--prefix-cache` sets what each
+run finds in the prefix cache: "shared" (default) gives the run its own `cache_salt` and first
+sends one unmeasured request with the run's shared part (system prompt, tools, padding) and another
+question, the steady state of an agent's traffic (the tools' prefix cached, each question new);
+"cold" only salts the run, as a fresh server meets it (the 8 first requests at c=8 arrive together
+and wait for one of them to prefill the tools' prefix); "all" sends no salt, so a run finds the
+same load's previous prompts cached whole. The loadgen's TTFT of a
+tools request is its first delta carrying a tool call; a probe also times the first delta carrying an argument fragment (non-empty
 `function.arguments`), which is what a client rendering the call waits for. A tools prompt is about
 5x longer than a json_schema one (the tools' definitions), so json_schema also runs with its prompt
 padded to the same length (`--prompt-tokens`). Prints ONE JSON line:
@@ -44,13 +50,46 @@ LOADS = {
 }
 
 
-async def first_fragment_s(base_url: str, loadgen, concurrency: int, requests: int, max_tokens: int) -> list[float]:
+PREFIX_CACHE_MODES = ("shared", "cold", "all")
+WARM_QUESTION = "Say hello."
+
+
+def _salted(salt: str | None) -> list[str]:
+    """Loadgen flags giving every request of a run the `cache_salt` `salt` (None: none): requests
+    share prefix-cache blocks only within their run."""
+    return ["--extra-body", json.dumps({"cache_salt": salt})] if salt is not None else []
+
+
+def _warm_shared_prefix(base_url: str, loadgen, load: list[str], salt: str) -> None:
+    """Send `load`'s first request with its question replaced by WARM_QUESTION, salted `salt`,
+    max_tokens 16, unmeasured: the prefix cache then holds what the run's requests share (the
+    template's head, the tools' definitions, the padding) and none of their questions. (With
+    max_tokens 1 a forced call would end before its prefill: its first 8 tokens are forced.)"""
+    args = loadgen.parse_args(["--model", "smollm2", *load, *_salted(salt)])
+    body, _ = loadgen.build_request(0, args)
+    question = (loadgen.TOOL_QUESTIONS if args.mode == "tools" else loadgen.QUESTIONS)[0]
+    content = body["messages"][-1]["content"]
+    assert question in content, "the loadgen's request layout changed"
+    body["messages"][-1]["content"] = content.replace(question, WARM_QUESTION)
+    body.update(stream=False, max_tokens=16)
+    body.pop("stream_options", None)
+    httpx.post(base_url + "/v1/chat/completions", json=body, timeout=300).raise_for_status()
+
+
+def _run_salt(prefix_cache: str, run: str) -> str | None:
+    """The cache_salt of the run named `run` under `prefix_cache` (None for "all")."""
+    return None if prefix_cache == "all" else run
+
+
+async def first_fragment_s(base_url: str, loadgen, concurrency: int, requests: int, max_tokens: int,
+                           salt: str | None) -> list[float]:
     """Seconds from sending to the first SSE delta with a non-empty tool-call arguments fragment, per
     request (the loadgen's tools requests, tool_choice required). Each stream is read to its end, as
     the loadgen reads it: a probe that hung up at the fragment left the server decoding the aborted
     request while the next one arrived (about 40 ms more at c=1 in both checkouts)."""
     args = loadgen.parse_args(["--base-url", base_url + "/v1", "--model", "smollm2", "--mode", "tools",
-                               "--tool-choice", "required", "--stream", "--max-tokens", str(max_tokens)])
+                               "--tool-choice", "required", "--stream", "--max-tokens", str(max_tokens),
+                               *_salted(salt)])
     gate = asyncio.Semaphore(concurrency)
 
     async def one(client: httpx.AsyncClient, i: int) -> float:
@@ -73,10 +112,18 @@ async def first_fragment_s(base_url: str, loadgen, concurrency: int, requests: i
 
 
 def measure(roots: dict[str, Path], bench_dir: Path, repeats: int, max_tokens: int,
-            server_args: list[str]) -> dict[str, dict]:
+            server_args: list[str], prefix_cache: str) -> dict[str, dict]:
     """The loads and the probe against one server per checkout (label -> root), all started at
     once and measured alternately (each load runs on every server before the next load)."""
     loadgen = import_loadgen(bench_dir)
+    probe_load = ["--mode", "tools", "--tool-choice", "required"]
+
+    def prepare_run(url: str, load: list[str], run: str) -> str | None:
+        salt = _run_salt(prefix_cache, run)
+        if prefix_cache == "shared":
+            _warm_shared_prefix(url, loadgen, load, run)
+        return salt
+
     with tempfile.TemporaryDirectory() as tmp:
         servers = {}
         try:
@@ -88,17 +135,24 @@ def measure(roots: dict[str, Path], bench_dir: Path, repeats: int, max_tokens: i
                 server.wait_for_compile()
             runs = {label: {name: [] for name in LOADS} for label in roots}
             probe = {label: {"c1": [], "c8": []} for label in roots}
-            for label, server in servers.items():   # warm-up: grammar compiles, first touch of KV pages
-                for name in ("tools_c1", "json_schema_c1"):
-                    run_load(bench_dir, server.url, "smollm2", [*LOADS[name][:-1], "2", "--max-tokens", "32"], "warm")
+            # warm-up, one pass of every load: grammar compiles, each step shape's first run, first
+            # touch of KV pages (a first pass measured 1.5-2x slower than the next at c=1)
+            for label, server in servers.items():
+                for name, load in LOADS.items():
+                    run_load(bench_dir, server.url, "smollm2", [*load, *_salted(_run_salt(prefix_cache, "warm")),
+                                                                "--max-tokens", str(max_tokens)], "warm")
             for repeat in range(repeats):
                 for name, load in LOADS.items():
                     for label, server in servers.items():
+                        salt = prepare_run(server.url, load, f"{repeat}-{name}")
                         runs[label][name].append(run_load(bench_dir, server.url, "smollm2",
-                                                          [*load, "--max-tokens", str(max_tokens)], f"{repeat}"))
+                                                          [*load, *_salted(salt), "--max-tokens",
+                                                           str(max_tokens)], f"{repeat}"))
                 for label, server in servers.items():
-                    probe[label]["c1"] += asyncio.run(first_fragment_s(server.url, loadgen, 1, 4, max_tokens))
-                    probe[label]["c8"] += asyncio.run(first_fragment_s(server.url, loadgen, 8, 8, max_tokens))
+                    for c, concurrency, requests in (("c1", 1, 4), ("c8", 8, 8)):
+                        salt = prepare_run(server.url, probe_load, f"{repeat}-probe-{c}")
+                        probe[label][c] += asyncio.run(first_fragment_s(server.url, loadgen, concurrency, requests,
+                                                                        max_tokens, salt))
         finally:
             stop_servers(*servers.values(), timeout_s=60.0)
     return {label: _figures(runs[label], probe[label]) for label in roots}
@@ -133,16 +187,18 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--server-args", default="", help="extra flags for structserve serve")
+    p.add_argument("--prefix-cache", choices=PREFIX_CACHE_MODES, default="shared",
+                   help="what each run finds cached (see the module docstring)")
     a = p.parse_args()
     bench_dir, server_args = Path(a.bench_dir), a.server_args.split()
-    out: dict[str, object] = {"repeats": a.repeats, "max_tokens": a.max_tokens}
+    out: dict[str, object] = {"repeats": a.repeats, "max_tokens": a.max_tokens, "prefix_cache": a.prefix_cache}
     with tempfile.TemporaryDirectory() as before_dir:
         roots = {"after": ROOT}
         if a.before:
             archive = subprocess.run(["git", "-C", str(ROOT), "archive", a.before], capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", before_dir], input=archive.stdout, check=True)
             roots = {"before": Path(before_dir), **roots}
-        out.update(measure(roots, bench_dir, a.repeats, a.max_tokens, server_args))
+        out.update(measure(roots, bench_dir, a.repeats, a.max_tokens, server_args, a.prefix_cache))
     if "before" in out:
         for c in ("c1", "c8"):
             out[f"tools_tok_s_after_over_before_{c}"] = round(

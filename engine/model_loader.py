@@ -21,7 +21,7 @@ from engine.models.weight_plan import WeightSummary
 from engine.safetensors_weights import iter_safetensors_weights, read_hf_config
 from engine.memory_trim import release_free_memory
 from engine.tokenizer_loader import load_tokenizer
-from kernels.cpu_ops import (CpuOpsUnavailable, cpu_supports_attention_ops, cpu_supports_cpu_ops, load_attention_ops,
+from kernels.cpu_ops import (CpuOpsUnavailable, cpu_supports_common_ops, cpu_supports_cpu_ops, load_common_ops,
                              load_cpu_ops)
 
 if TYPE_CHECKING:
@@ -124,17 +124,18 @@ def load_model_weights(
 
 
 def prepare_cpu_kernels() -> bool:
-    """Load kernels/cpu_ops.py's C++ kernels (paged decode attention, the w4a8 projection) where the
-    CPU has AVX512-VNNI, building them the first time on a machine; where it has AVX2 and FMA only,
-    the AVX2 paged decode attention. True when the AVX-512 library loaded; False, logged, otherwise
-    (the torch paths serve what no loaded kernel covers)."""
+    """Load kernels/cpu_ops.py's C++ kernels (paged decode attention, the w4a8 and w8a16
+    projections) where the CPU has AVX512-VNNI, building them the first time on a machine; where
+    it has AVX2 and FMA only, the AVX2 library's paged decode attention and w4a8 projection. True
+    when the AVX-512 library loaded; False, logged, otherwise (the torch paths serve what no
+    loaded kernel covers)."""
     if cpu_supports_cpu_ops():
         return _loaded(load_cpu_ops)
-    if not cpu_supports_attention_ops():
+    if not cpu_supports_common_ops():
         logger.info("C++ CPU kernels: not used (this CPU lacks AVX512-VNNI and AVX2); torch paths serve")
-    elif _loaded(load_attention_ops):
-        logger.info("C++ CPU kernels: the AVX2 paged decode attention only (this CPU lacks AVX512-VNNI); "
-                    "torch paths serve the projections")
+    elif _loaded(load_common_ops):
+        logger.info("C++ CPU kernels: the AVX2 paged decode attention and w4a8 projection (this CPU lacks "
+                    "AVX512-VNNI); torch's int8 kernel serves the LM head")
     return False
 
 

@@ -5,9 +5,9 @@ loaded into torch's dispatcher, so eager code and compiled graphs call them as
 
 The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_supports_cpu_ops` says
 whether this CPU has it. A CPU with AVX2 and FMA but not those gets a second library of the same
-operator namespace built from kernels/cpu_avx2/*.cpp: the paged decode attention only
-(`load_attention_ops`; the projections stay on torch's kernels there). One process loads one of
-the two, never both. Built once per source set, compiler command and torch version into
+operator namespace built from kernels/cpu_avx2/*.cpp with the "common" operators, the ones both
+libraries define: the paged decode attention and the w4a8 projection (`load_common_ops`; the
+w8a16 LM head stays on torch's int8 kernel there). One process loads one of the two, never both. Built once per source set, compiler command and torch version into
 `$XDG_CACHE_HOME/structserve/kernels` (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE`
 overrides): its sources compiled side by side, about 14 s the first time on the project's 2-core
 box (the Makefile's install step does it through `main`), then a file load. Each kernel module
@@ -41,7 +41,7 @@ AVX2_COMPILE_FLAGS = ["-mavx2", "-mfma"]
 _lock = threading.Lock()
 _loaded: bool | None = None   # None: not tried yet
 _avx2_loaded: bool | None = None
-_fakes: list[tuple[Callable[[], None], bool]] = []   # (register, for the attention operator)
+_fakes: list[tuple[Callable[[], None], bool]] = []   # (register, for a common operator)
 
 
 class CpuOpsUnavailable(RuntimeError):
@@ -63,17 +63,18 @@ def cpu_supports_cpu_ops() -> bool:
     return _cpu_has(REQUIRED_FLAGS)
 
 
-def cpu_supports_attention_ops() -> bool:
-    """Whether this CPU runs a C++ paged decode attention: the AVX-512 library's, or the AVX2 one's."""
+def cpu_supports_common_ops() -> bool:
+    """Whether this CPU runs the common operators (paged decode attention, w4a8 projection): the
+    AVX-512 library's, or the AVX2 one's."""
     return _cpu_has(REQUIRED_FLAGS) or _cpu_has(AVX2_REQUIRED_FLAGS)
 
 
-def register_fake(register: Callable[[], None], attention: bool = False) -> None:
+def register_fake(register: Callable[[], None], common: bool = False) -> None:
     """Have `register` (a function that calls torch.library.register_fake for one operator) run
-    once the library is loaded: the shapes torch.compile traces the operator with. `attention`:
-    the operator is paged_decode_attention, which the AVX2 library also defines."""
-    _fakes.append((register, attention))
-    if _loaded or (attention and _avx2_loaded):
+    once the library is loaded: the shapes torch.compile traces the operator with. `common`: the
+    AVX2 library defines the operator too (paged_decode_attention, w4a8_linear)."""
+    _fakes.append((register, common))
+    if _loaded or (common and _avx2_loaded):
         register()
 
 
@@ -82,16 +83,17 @@ def cpu_ops_loaded() -> bool:
     return bool(_loaded)
 
 
-def attention_ops_loaded() -> bool:
-    """True once either library, and so `torch.ops.structserve_cpu.paged_decode_attention`, is loaded."""
+def common_ops_loaded() -> bool:
+    """True once either library, and so the common operators (`torch.ops.structserve_cpu.
+    paged_decode_attention`, `.w4a8_linear`), is loaded."""
     return bool(_loaded or _avx2_loaded)
 
 
-def load_attention_ops() -> str:
-    """Load the library that defines paged_decode_attention here, once per process: the AVX-512
-    one (`load_cpu_ops`) where the CPU has AVX512-VNNI, else the AVX2 one (kernels/cpu_avx2),
-    building it the first time. Returns "avx512" or "avx2". Raises CpuOpsUnavailable when the CPU
-    has neither instruction set or the build or load fails (remembered, as in `load_cpu_ops`)."""
+def load_common_ops() -> str:
+    """Load the library that defines the common operators here, once per process: the AVX-512 one
+    (`load_cpu_ops`) where the CPU has AVX512-VNNI, else the AVX2 one (kernels/cpu_avx2), building
+    it the first time. Returns "avx512" or "avx2". Raises CpuOpsUnavailable when the CPU has
+    neither instruction set or the build or load fails (remembered, as in `load_cpu_ops`)."""
     global _avx2_loaded
     if cpu_supports_cpu_ops():
         load_cpu_ops()
@@ -100,14 +102,14 @@ def load_attention_ops() -> str:
         if _avx2_loaded is None:
             _avx2_loaded = False
             if not _cpu_has(AVX2_REQUIRED_FLAGS):
-                raise CpuOpsUnavailable("this CPU lacks AVX2 and FMA for the C++ paged decode attention")
+                raise CpuOpsUnavailable("this CPU lacks AVX2 and FMA for the C++ CPU kernels")
             torch.ops.load_library(str(_build(AVX2_SOURCES, AVX2_COMPILE_FLAGS, "structserve_cpu_avx2")))
-            for register, attention in _fakes:
-                if attention:
+            for register, common in _fakes:
+                if common:
                     register()
             _avx2_loaded = True
         elif not _avx2_loaded:
-            raise CpuOpsUnavailable("the C++ paged decode attention failed to build or load earlier in this process")
+            raise CpuOpsUnavailable("the AVX2 C++ CPU kernels failed to build or load earlier in this process")
     return "avx2"
 
 
@@ -186,14 +188,15 @@ def _run_all(commands: list[list[str]]) -> None:
 def main() -> int:
     """Build (or find) the library ahead of the first server start (the Makefile's install step
     runs it); prints its path, or why it cannot run here. Exit 0
-    either way: CPUs without AVX512-VNNI serve the projections through the torch paths (and the
-    decode attention through the AVX2 library where the CPU has AVX2 and FMA)."""
+    either way: CPUs without AVX512-VNNI serve the LM head through torch's int8 kernel (and the
+    decode attention and int4 projections through the AVX2 library where the CPU has AVX2 and
+    FMA, else through the torch paths)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if cpu_supports_cpu_ops():
             print(f"C++ CPU kernels: {_build(SOURCES, ISA_COMPILE_FLAGS, 'structserve_cpu')}")
-        elif cpu_supports_attention_ops():
-            print("C++ CPU kernels: the AVX2 paged decode attention only (this CPU lacks AVX512-VNNI): "
+        elif cpu_supports_common_ops():
+            print("C++ CPU kernels: the AVX2 paged decode attention and w4a8 projection (this CPU lacks AVX512-VNNI): "
                   f"{_build(AVX2_SOURCES, AVX2_COMPILE_FLAGS, 'structserve_cpu_avx2')}")
         else:
             print("C++ CPU kernels: not built (this CPU lacks AVX512-VNNI and AVX2); the torch paths serve")

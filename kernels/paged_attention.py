@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_ops import attention_ops_loaded, register_fake
+from kernels.cpu_ops import common_ops_loaded, register_fake
 from kernels.triton_runtime import tl, triton
 
 
@@ -167,7 +167,7 @@ def paged_decode_attention(
 def _cpu_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether `paged_decode_attention`'s C++ kernel takes these tensors."""
     head_dim, group = q.shape[-1], q.shape[1] // k_cache.shape[2]
-    return (attention_ops_loaded() and q.device.type == "cpu" and q.dtype == torch.float32
+    return (common_ops_loaded() and q.device.type == "cpu" and q.dtype == torch.float32
             and k_cache.dtype == torch.float32 and head_dim % 16 == 0 and head_dim <= 256 and group <= 8)
 
 
@@ -209,7 +209,7 @@ def _register_fake() -> None:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-register_fake(_register_fake, attention=True)
+register_fake(_register_fake, common=True)
 
 
 if triton is not None:

@@ -1,11 +1,12 @@
-"""W4A8 projection for a few rows on AVX512-VNNI CPUs: 4-bit weight groups times int8 activations.
+"""W4A8 projection on AVX512-VNNI and AVX2 CPUs: 4-bit weight groups times int8 activations.
 
 `y = x @ W.T` with W `[N, K]` held as 4-bit values q in 0..15 per group of 32 inputs with a bf16
 scale and zero each (w = (q - 8) * scale + zero, engine/models/quantized_tensor.py's convention),
 and x `[M, K]` float32 quantized per group of 32 to int8 (step = max |x| / 127, round to nearest)
 inside the call. Per group: scale * step * sum((q - 8) * qx) + zero * sum(x), the second term
 with the exact float sum of x. This is llama.cpp's Q4_1 x Q8_1 dot-product scheme (ggml-quants.c);
-the C++ kernel (kernels/cpu/w4a8.cpp) runs it with vpdpbusd and is ours.
+the C++ kernels (kernels/cpu/w4a8.cpp with vpdpbusd, kernels/cpu_avx2/w4a8.cpp with vpmaddubsw and
+vpmaddwd on the same layout, for CPUs without AVX512-VNNI) are ours.
 
 Why: torch's weight-only int4 kernel (`_weight_int4pack_mm_for_cpu`) dequantizes to bf16 and is
 compute-bound at one row; integer dot products over the packed nibbles read the same bytes with
@@ -18,8 +19,14 @@ layer projections in model order (66 MB streamed from memory, one sitting): 2.45
 4.47 for the previous layout (pairs of groups per vector, a horizontal sum per row); one layer's 4
 projections with the weights in cache 50 against 132 us. The box read 41-55 GB/s in that sitting.
 
+On the project's AMD AVX2 box (no VNNI), 2 threads, weights in cache, the AVX2 kernel against
+torch's float32 linear (oneDNN) and tinygemm for SmolLM2's shapes (576 -> 1536, 1536 -> 576,
+576 -> 960), ms: 1 row 0.024-0.038 (tinygemm 0.071-0.101, float32 0.10-0.15); 8 rows 0.066-0.075
+(tinygemm 0.19-0.24, float32 0.22-0.31); 32 rows 0.16-0.35, float32 1.9-2.0x that; 300 rows
+1.5-3.4, float32 1.1-1.4x that.
+
 `w4a8_linear_ref` is the specification (pure torch, any CPU); `w4a8_linear` runs the kernel, the
-`torch.ops.structserve_cpu.w4a8_linear` operator of kernels/cpu_ops.py's library (AVX512-VNNI).
+`torch.ops.structserve_cpu.w4a8_linear` operator of either library of kernels/cpu_ops.py.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from kernels.cpu_ops import load_cpu_ops, register_fake
+from kernels.cpu_ops import load_common_ops, register_fake
 
 GROUP = 32
 BLOCK = 16     # weight rows per packed block: one int32 lane of vpdpbusd each
@@ -122,7 +129,7 @@ def w4a8_linear(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, zer
     torch's intra-op threads (blocks of 16 weight rows split between them). Raises
     CpuOpsUnavailable where the kernel cannot be loaded, RuntimeError for shapes or dtypes
     that do not match the layout."""
-    load_cpu_ops()
+    load_common_ops()
     return torch.ops.structserve_cpu.w4a8_linear(x, packed, scales, zeros, out_features)
 
 
@@ -133,4 +140,4 @@ def _register_fake() -> None:
         return x.new_empty((x.shape[0], out_features))
 
 
-register_fake(_register_fake)
+register_fake(_register_fake, common=True)

@@ -26,7 +26,7 @@ from torch import nn
 
 from engine.config import ALL_ROWS
 from engine.models.onednn_linear import onednn_linear
-from kernels.cpu_ops import load_cpu_ops
+from kernels.cpu_ops import load_common_ops, load_cpu_ops
 from kernels.w4a8_linear import pack_w4a8
 from kernels.w8a16_linear import pack_w8a16
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
@@ -211,7 +211,7 @@ class QuantizedLinear(nn.Module):
 def _pack_w4a8(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(packed, scales, zeros): the w4a8 kernel's layout of the 4-bit weight (kernels/w4a8_linear.py
     `pack_w4a8`), the kernel loaded. Raises CpuOpsUnavailable where the kernel cannot run."""
-    load_cpu_ops()
+    load_common_ops()
     packed, scales, zeros, _ = pack_w4a8(groups.qvals, groups.scales, groups.zeros)
     return packed, scales, zeros
 

@@ -15,7 +15,8 @@ from engine.models.crossover import measure_crossovers
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, cat_rows, dequantize
 from engine.models.weight_format import WeightFormat, cpu_has_native_bf16, large_batch_format
-from kernels.cpu_ops import CpuOpsUnavailable, cpu_supports_cpu_ops, load_cpu_ops
+from kernels.cpu_ops import (CpuOpsUnavailable, cpu_supports_common_ops, cpu_supports_cpu_ops, load_common_ops,
+                             load_cpu_ops)
 
 logger = logging.getLogger(__name__)
 
@@ -169,21 +170,23 @@ class WeightBuilder:
 
 def resolve_int4_kernel(requested: str) -> str:
     """"tinygemm" or "w4a8" for `requested` ("auto", "w4a8", "tinygemm"): "auto" is w4a8 where the
-    CPU has AVX512-VNNI and the kernel builds and loads (kernels/w4a8_linear.py; ~7 s the first
-    time on a machine, then cached), else tinygemm, logged. Raises ModelLoadError when "w4a8" is
-    asked for and cannot run here."""
+    CPU has AVX512-VNNI or AVX2 and FMA and the kernel builds and loads (kernels/w4a8_linear.py;
+    ~7 s the first time on a machine, then cached), else tinygemm, logged. Raises ModelLoadError
+    when "w4a8" is asked for and cannot run here."""
     if requested == "tinygemm":
         return requested
-    if requested == "auto" and not cpu_supports_cpu_ops():
-        logger.info("int4 kernel: tinygemm (this CPU lacks AVX512-VNNI for the w4a8 kernel)")
+    if requested == "auto" and not cpu_supports_common_ops():
+        logger.info("int4 kernel: tinygemm (this CPU lacks AVX512-VNNI and AVX2 for the w4a8 kernel)")
         return "tinygemm"
-    error = _cpu_ops_error()
-    if error is not None:
+    try:
+        library = load_common_ops()
+    except (CpuOpsUnavailable, OSError, RuntimeError) as error:
         if requested == "w4a8":
             raise ModelLoadError(f"--int4-kernel w4a8 cannot run here: {error}") from error
         logger.warning("int4 kernel: tinygemm (the w4a8 kernel is unavailable: %s)", error)
         return "tinygemm"
-    logger.info("int4 kernel: w4a8 (AVX512-VNNI, int8 activations per group of 32)")
+    how = "AVX512-VNNI" if library == "avx512" else "AVX2"
+    logger.info("int4 kernel: w4a8 (%s, int8 activations per group of 32)", how)
     return "w4a8"
 
 

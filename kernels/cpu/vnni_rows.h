@@ -1,6 +1,6 @@
 // Shared parts of the VNNI kernels (w4a8.cpp, w8a16.cpp): activation rows quantized per group of 32
-// to int8 on the fly, bf16 lines of 16 values, 4-byte broadcasts, and the split of x rows into tiles
-// of at most 4 that every kernel's block product is instantiated for.
+// to int8 on the fly, bf16 lines of 16 values and 4-byte broadcasts; the split of x rows into
+// tiles is row_tiles.h's.
 
 #pragma once
 
@@ -8,7 +8,8 @@
 
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
+
+#include "row_tiles.h"
 
 namespace structserve_cpu {
 
@@ -47,21 +48,6 @@ inline __m512i broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
-}
-
-// Calls tile(std::integral_constant<int, MR>{}, m) for consecutive tiles of MR x rows starting at
-// m, covering rows 0 .. M - 1: tiles of 4, then one of 3, 2 or 1 for the rest. A row's result must
-// not depend on its tile, so the tile's size only decides how many rows share each weight load.
-template <class Tile>
-inline void for_row_tiles(int64_t M, Tile&& tile) {
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile(std::integral_constant<int, 4>{}, m);
-  switch (M - m) {
-    case 3: tile(std::integral_constant<int, 3>{}, m); break;
-    case 2: tile(std::integral_constant<int, 2>{}, m); break;
-    case 1: tile(std::integral_constant<int, 1>{}, m); break;
-    default: break;
-  }
 }
 
 }  // namespace structserve_cpu

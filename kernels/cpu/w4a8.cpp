@@ -27,24 +27,15 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "vnni_rows.h"
+#include "w4a8_frame.h"
 
 namespace {
 
 using namespace structserve_cpu;
 
 constexpr int64_t kVector = 64;      // bytes per packed vector: 16 rows x 8 inputs
-
-// One x row, quantized: int8 values in input order; per group the step, 8 * step * (sum of the
-// int8 values) and the exact float sum.
-struct QuantizedRow {
-  const int8_t* qx;       // [K]
-  const float* step;      // [K / 32]
-  const float* offset;    // [K / 32]
-  const float* sum;       // [K / 32]
-};
 
 // Quantizes x[0..K) into the buffers of one QuantizedRow (2 zmm per group).
 void quantize_row(const float* x, int64_t K, int8_t* qx, float* step, float* offset, float* sum) {
@@ -92,30 +83,11 @@ inline void block_dot(const uint8_t* w, const uint16_t* scales, const uint16_t* 
 
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& zeros, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w4a8_linear: x must be float32 [M, K]");
-  const int64_t M = x.size(0), K = x.size(1), blocks = (N + kBlock - 1) / kBlock;
-  TORCH_CHECK(K % kGroup == 0, "w4a8_linear: K must be a multiple of 32, got ", K);
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.size(0) == blocks &&
-                  packed.size(1) == K * 8,
-              "w4a8_linear: packed is uint8 [ceil(N / 16), K * 8]");
-  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && zeros.scalar_type() == at::kBFloat16,
-              "w4a8_linear: scales and zeros must be bf16");
-  TORCH_CHECK(scales.dim() == 3 && scales.size(0) == blocks && scales.size(1) == K / kGroup &&
-                  scales.size(2) == kBlock && zeros.sizes() == scales.sizes(),
-              "w4a8_linear: scales and zeros are [ceil(N / 16), K / 32, 16]");
-  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && zeros.is_contiguous(),
-              "w4a8_linear: weights must be contiguous");
+  check_w4a8_args(x, packed, scales, zeros, N);
+  const int64_t M = x.size(0), K = x.size(1), blocks = (N + kBlock - 1) / kBlock, groups = K / kGroup;
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
-  const int64_t groups = K / kGroup;
-  std::vector<float> floats(static_cast<size_t>(M * 3 * groups));
-  std::vector<int8_t> qx(static_cast<size_t>(M * K));
-  std::vector<QuantizedRow> rows(static_cast<size_t>(M));
-  for (int64_t m = 0; m < M; ++m) {
-    float* f = floats.data() + m * 3 * groups;
-    rows[m] = QuantizedRow{qx.data() + m * K, f, f + groups, f + 2 * groups};
-    quantize_row(xc.data_ptr<float>() + m * K, K, qx.data() + m * K, f, f + groups, f + 2 * groups);
-  }
+  const QuantizedRows rows(xc.data_ptr<float>(), M, K, quantize_row);
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr());
   const auto* z = reinterpret_cast<const uint16_t*>(zeros.data_ptr());

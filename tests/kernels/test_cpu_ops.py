@@ -1,5 +1,5 @@
 """kernels/cpu_ops.py's build step (`main`, run by the Makefile's install): it reports the library
-it built or found (the AVX-512 one, or the AVX2 decode attention where the CPU lacks AVX512-VNNI),
+it built or found (the AVX-512 one, or the AVX2 one where the CPU lacks AVX512-VNNI),
 and a failed build says why, exits 0 and leaves nothing in the cache."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from kernels.cpu_ops import cpu_supports_attention_ops
+from kernels.cpu_ops import cpu_supports_common_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 MAIN = "import sys; from kernels.cpu_ops import main; sys.exit(main())"
-NEEDS_CPU_OPS = pytest.mark.skipif(not cpu_supports_attention_ops(),
+NEEDS_CPU_OPS = pytest.mark.skipif(not cpu_supports_common_ops(),
                                    reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ kernels")
 
 
@@ -44,7 +44,7 @@ AVX2_ONLY = """
 import sys, torch, kernels.cpu_ops as ops
 ops.cpu_supports_cpu_ops = lambda: False          # as where /proc/cpuinfo lacks AVX512-VNNI
 ops.main()
-assert ops.load_attention_ops() == "avx2" and not ops.cpu_ops_loaded()
+assert ops.load_common_ops() == "avx2" and not ops.cpu_ops_loaded()
 from kernels.paged_attention import paged_decode_attention, paged_decode_reduction
 gen = torch.Generator().manual_seed(0)
 k_cache, v_cache = torch.randn(40, 16, 3, 64, generator=gen), torch.randn(40, 16, 3, 64, generator=gen)
@@ -53,23 +53,39 @@ tables = torch.randperm(39, generator=gen)[:36].view(4, 9).to(torch.int32)
 seq_lens = torch.tensor([1, 17, 100, 140], dtype=torch.int32)   # a tail in a block, several blocks
 got = paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, 0.125)
 want = paged_decode_reduction(q, k_cache, v_cache, tables, seq_lens, 0.125)
-print("max diff", float((got - want).abs().max()))
+print("attention max diff", float((got - want).abs().max()))
+from kernels.w4a8_linear import pack_w4a8, w4a8_linear, w4a8_linear_ref
+# every x-row tile (4 + 3, 2, 1), a last half block of 5 rows and one of 0 (N = 21, 32), one group
+for m, k, n in ((7, 96, 21), (2, 32, 32), (1, 576, 40), (13, 160, 8)):
+    qvals = torch.randint(0, 16, (n, k), generator=gen)
+    scales, zeros = torch.rand(n, k // 32, generator=gen) * 0.02, torch.randn(n, k // 32, generator=gen) * 0.01
+    weight = pack_w4a8(qvals, scales, zeros)
+    x = torch.randn(m, k, generator=gen)
+    x[0, :32] = 0                                                  # an all-zero group: step 0
+    got, want = w4a8_linear(x, *weight), w4a8_linear_ref(x, *weight)
+    alone = torch.cat([w4a8_linear(x[i:i + 1], *weight) for i in range(m)])
+    assert torch.equal(got, alone), "a row's result depends on its batch"
+    print("w4a8 relative diff", float((got - want).abs().max() / want.abs().max()))
 """
 
 
-@pytest.mark.skipif(not cpu_supports_attention_ops(), reason="this CPU lacks AVX2 and FMA")
-def test_without_vnni_the_build_step_builds_the_avx2_attention_and_it_matches(tmp_path: Path) -> None:
+@pytest.mark.skipif(not cpu_supports_common_ops(), reason="this CPU lacks AVX2 and FMA")
+def test_without_vnni_the_build_step_builds_the_avx2_kernels_and_they_match(tmp_path: Path) -> None:
     """On any CPU with AVX2 (AVX-512 ones included, the VNNI check replaced): the step builds the
-    AVX2 library only, and its decode attention gives the torch reduction's numbers."""
+    AVX2 library only; its decode attention gives the torch reduction's numbers, and its w4a8
+    projection the reference's, each row the same alone as in its batch."""
     result = subprocess.run([sys.executable, "-c", AVX2_ONLY], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "STRUCTSERVE_KERNEL_CACHE": str(tmp_path)}, timeout=300)
-    assert result.returncode == 0 and "the AVX2 paged decode attention only" in result.stdout, result.stdout + result.stderr
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "the AVX2 paged decode attention and w4a8 projection" in result.stdout, out
     assert [p.name.split("_")[2] for p in tmp_path.iterdir()] == ["avx2"], list(tmp_path.iterdir())
-    assert float(result.stdout.strip().split(" ")[-1]) < 1e-5, result.stdout
+    diffs = [line.split(" ") for line in result.stdout.splitlines() if " diff " in line]
+    assert [d[0] for d in diffs] == ["attention"] + ["w4a8"] * 4, out
+    assert float(diffs[0][-1]) < 1e-5 and all(float(d[-1]) < 1e-6 for d in diffs[1:]), out
 
 
 NEITHER = ("import sys, kernels.cpu_ops as ops; ops.cpu_supports_cpu_ops = lambda: False; "
-           "ops.cpu_supports_attention_ops = lambda: False; sys.exit(ops.main())")
+           "ops.cpu_supports_common_ops = lambda: False; sys.exit(ops.main())")
 
 
 def test_without_vnni_or_avx2_the_build_step_says_so_and_builds_nothing(tmp_path: Path) -> None:

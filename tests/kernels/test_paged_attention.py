@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.cpu_ops import cpu_supports_attention_ops, load_attention_ops
+from kernels.cpu_ops import cpu_supports_common_ops, load_common_ops
 from kernels.triton_runtime import triton_installed
 from kernels.paged_attention import paged_attention, paged_attention_ref, write_kv, write_kv_ref
 
@@ -104,13 +104,13 @@ def test_reference_matches_dense_attention(name: str) -> None:
     torch.testing.assert_close(out.double(), dense_attention(case), atol=2e-5, rtol=0)
 
 
-@pytest.mark.skipif(not cpu_supports_attention_ops(),
+@pytest.mark.skipif(not cpu_supports_common_ops(),
                     reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ decode attention")
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_cpu_dispatch_sends_decodes_to_the_kernel_and_matches_dense_attention(name: str) -> None:
     """`paged_attention` on CPU: the decodes through the C++ decode kernel, the prefills as the
     reference runs them, together the dense result (odd_group_dim's head_dim 24 stays on the reference)."""
-    load_attention_ops()
+    load_common_ops()
     case = make_case(name)
     out = paged_attention(*attention_args(case))
     torch.testing.assert_close(out.double(), dense_attention(case), atol=2e-5, rtol=0)

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from kernels.cpu_ops import cpu_supports_attention_ops, load_attention_ops
+from kernels.cpu_ops import cpu_supports_common_ops, load_common_ops
 from kernels.paged_attention import (
     paged_attention_ref,
     paged_decode_attention,
@@ -25,11 +25,11 @@ from kernels.paged_attention import (
 
 def cpu_kernel(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
     """The C++ kernel itself (the library loaded first)."""
-    load_attention_ops()
+    load_common_ops()
     return torch.ops.structserve_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
-NEEDS_KERNEL = pytest.mark.skipif(not cpu_supports_attention_ops(),
+NEEDS_KERNEL = pytest.mark.skipif(not cpu_supports_common_ops(),
                                   reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ decode attention")
 IMPLEMENTATIONS = [pytest.param(cpu_kernel, id="cpu_kernel", marks=NEEDS_KERNEL),
                    pytest.param(paged_decode_reduction, id="reduction")]
@@ -154,7 +154,7 @@ def test_compiled_matches_reference_without_recompiling(one_torch_thread: None, 
     """One torch.compile (batch and block-table width dynamic, as in engine/compiled_decode.py)
     serves every batch size >= 2 and context length of the SmolLM2 head layout."""
     if impl is cpu_kernel:   # the dispatcher, traced with the library loaded, calls the kernel
-        load_attention_ops()
+        load_common_ops()
         impl = paged_decode_attention
     compiled = torch.compile(impl, fullgraph=True, dynamic=False)
 
@@ -177,7 +177,7 @@ def test_compiled_matches_reference_without_recompiling(one_torch_thread: None, 
 
 @NEEDS_KERNEL
 def test_the_dispatcher_takes_the_kernel_for_float32_and_the_reduction_for_bf16() -> None:
-    load_attention_ops()
+    load_common_ops()
     batch = make_decode_batch(9, 3, 64, 16, [20, 33, 7])
     assert torch.equal(decode(paged_decode_attention, batch), decode(cpu_kernel, batch))
     half = make_decode_batch(9, 3, 64, 16, [20, 33, 7], dtype=torch.bfloat16)

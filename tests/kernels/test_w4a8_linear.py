@@ -1,8 +1,9 @@
 """kernels/w4a8_linear.py: the W4A8 C++ kernel against its torch reference, the reference against
 the float product of the weight it holds, and the packed layout.
 
-The kernel runs where the CPU has AVX512-VNNI (the tests that need it say so when skipped); the
-reference and the layout are checked everywhere.
+The kernel runs where the CPU has AVX512-VNNI or AVX2 and FMA (the library this CPU loads; the tests
+that need it say so when skipped; tests/kernels/test_cpu_ops.py also runs the AVX2 kernel on AVX-512
+CPUs); the reference and the layout are checked everywhere.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu_ops import cpu_supports_cpu_ops, load_cpu_ops
+from kernels.cpu_ops import cpu_supports_common_ops, load_common_ops
 from kernels.w4a8_linear import (
     pack_w4a8,
     quantize_activations,
@@ -19,7 +20,8 @@ from kernels.w4a8_linear import (
     w4a8_linear_ref,
 )
 
-NEEDS_VNNI = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the W4A8 kernel")
+NEEDS_KERNEL = pytest.mark.skipif(not cpu_supports_common_ops(),
+                                  reason="this CPU lacks AVX512-VNNI and AVX2 for the W4A8 kernel")
 # (M, K, N): every x-row branch of the kernel (1, 2, 3, 4 and 4 + rest), K of one group and odd
 # group counts, N off the 16-row blocks (a last, partial block) and on them
 SHAPES = [(1, 64, 5), (1, 576, 960), (2, 128, 17), (3, 96, 33), (4, 1536, 64), (5, 576, 19), (6, 256, 48),
@@ -101,7 +103,7 @@ def test_reference_tracks_the_float_product_within_the_activation_rounding(m: in
     assert float((out.double() - exact).norm() / exact.norm()) < 0.02
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 @pytest.mark.parametrize(("m", "k", "n"), SHAPES)
 def test_kernel_matches_the_reference(m: int, k: int, n: int) -> None:
     qvals, scales, zeros = random_weight(n, k, seed=m * 1000 + k + n)
@@ -114,7 +116,7 @@ def test_kernel_matches_the_reference(m: int, k: int, n: int) -> None:
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 def test_kernel_is_the_same_on_one_thread_and_on_every_thread() -> None:
     qvals, scales, zeros = random_weight(3072, 576, seed=5)
     packed = pack_w4a8(qvals, scales, zeros)
@@ -128,7 +130,7 @@ def test_kernel_is_the_same_on_one_thread_and_on_every_thread() -> None:
     assert torch.equal(single, w4a8_linear(x, *packed))   # rows are split, never a row's sum
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 def test_a_row_gives_the_same_bits_in_any_batch() -> None:
     """Each (x row, weight row) pair runs the same operations whatever M is: a request's
     projection does not depend on the rows batched with it."""
@@ -141,7 +143,7 @@ def test_a_row_gives_the_same_bits_in_any_batch() -> None:
     assert torch.equal(w4a8_linear(x[2:5], *packed), together[2:5])
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 def test_kernel_refuses_bad_inputs_with_its_reason() -> None:
     qvals, scales, zeros = random_weight(8, 128, seed=2)
     packed, packed_scales, packed_zeros, n = pack_w4a8(qvals, scales, zeros)
@@ -155,9 +157,9 @@ def test_kernel_refuses_bad_inputs_with_its_reason() -> None:
         w4a8_linear(torch.randn(1, 100), packed, packed_scales, packed_zeros, n)
 
 
-@NEEDS_VNNI
+@NEEDS_KERNEL
 def test_inductor_calls_the_operator_without_a_graph_break_for_any_row_count() -> None:
-    load_cpu_ops()
+    load_common_ops()
     qvals, scales, zeros = random_weight(64, 128, seed=3)
     packed = pack_w4a8(qvals, scales, zeros)
 

@@ -25,7 +25,7 @@ from engine.models.weight_format import (
     large_batch_format,
     onednn_bf16_supported,
 )
-from kernels.cpu_ops import cpu_supports_cpu_ops
+from kernels.cpu_ops import cpu_supports_common_ops, cpu_supports_cpu_ops
 from kernels.w4a8_linear import w4a8_linear_ref
 from kernels.w8a16_linear import W8A16Weight, unpack_w8a16
 from tests.conftest import smollm2_gguf
@@ -37,9 +37,11 @@ SMALL_LARGE = [pytest.param(WeightFormat.INT4, WeightFormat.BF16, marks=NEEDS_ON
                pytest.param(WeightFormat.INT8, WeightFormat.BF16, marks=NEEDS_ONEDNN_BF16),
                (WeightFormat.INT4, WeightFormat.FP32), (WeightFormat.INT8, WeightFormat.FP32),
                (None, WeightFormat.FP32), (None, WeightFormat.DENSE)]
-NEEDS_W4A8 = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the w4a8 kernel")
+NEEDS_W4A8 = pytest.mark.skipif(not cpu_supports_common_ops(),
+                                reason="this CPU lacks AVX512-VNNI and AVX2 for the w4a8 kernel")
+NEEDS_W8A16 = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the w8a16 kernel")
 INT4_KERNELS = ["tinygemm", pytest.param("w4a8", marks=NEEDS_W4A8)]
-INT8_KERNELS = ["int8pack", pytest.param("w8a16", marks=NEEDS_W4A8)]
+INT8_KERNELS = ["int8pack", pytest.param("w8a16", marks=NEEDS_W8A16)]
 # the large copy a quantized float32 model is served with on this CPU (BF16 with native bf16, else FP32)
 SERVED_LARGE = large_batch_format(CPU, torch.float32, quantized=True, native_bf16=cpu_has_native_bf16())
 
@@ -149,7 +151,7 @@ def test_w4a8_holds_the_int4_bytes_and_drops_them_with_the_small_copy() -> None:
     with pytest.raises(ValueError, match="int4_kernel must be one of"):
         QuantizedLinear(torch.randn(16, 64), None, WeightFormat.INT4, WeightFormat.FP32, 1, torch.float32, CPU,
                         int4_kernel="fast")
-    if not cpu_supports_cpu_ops():
+    if not cpu_supports_common_ops():
         return
     proj = QuantizedLinear(torch.randn(48, 96), None, WeightFormat.INT4, WeightFormat.FP32, 4, torch.float32, CPU,
                            int4_kernel="w4a8")

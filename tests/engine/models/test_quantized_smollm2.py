@@ -18,7 +18,7 @@ from paged_batch import PagedBatch
 
 from engine.model_loader import default_model_path, load_model_weights
 from engine.models.weight_format import cpu_has_native_bf16
-from kernels.cpu_ops import cpu_supports_cpu_ops
+from kernels.cpu_ops import cpu_supports_common_ops, cpu_supports_cpu_ops
 
 pytestmark = pytest.mark.slow
 CPU = torch.device("cpu")
@@ -29,8 +29,8 @@ MIN_CLEAR_MARGIN = 0.25   # logits; a smaller lead is a near-tie that rounding m
 CROSSOVER_ROWS = 8   # fixed, so that the test does not depend on the load-time measurement
 
 
-# the int4 kernels this CPU runs: tinygemm everywhere, w4a8 (int8 activations) with AVX512-VNNI
-INT4_KERNELS = ["tinygemm"] + (["w4a8"] if cpu_supports_cpu_ops() else [])
+# the int4 kernels this CPU runs: tinygemm everywhere, w4a8 (int8 activations) with AVX512-VNNI or AVX2
+INT4_KERNELS = ["tinygemm"] + (["w4a8"] if cpu_supports_common_ops() else [])
 
 
 @pytest.fixture(scope="module", params=INT4_KERNELS)
