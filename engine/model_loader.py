@@ -125,17 +125,15 @@ def load_model_weights(
 
 def prepare_cpu_kernels() -> bool:
     """Load kernels/cpu_ops.py's C++ kernels (paged decode attention, the w4a8 and w8a16
-    projections) where the CPU has AVX512-VNNI, building them the first time on a machine; where
-    it has AVX2 and FMA only, the AVX2 library's paged decode attention and w4a8 projection. True
-    when the AVX-512 library loaded; False, logged, otherwise (the torch paths serve what no
-    loaded kernel covers)."""
+    projections), building them the first time on a machine: the AVX-512 library where the CPU
+    has AVX512-VNNI, the AVX2 one where it has AVX2 and FMA only. True when the AVX-512 library
+    loaded; False, logged, otherwise (the torch paths serve what no loaded kernel covers)."""
     if cpu_supports_cpu_ops():
         return _loaded(load_cpu_ops)
     if not cpu_supports_common_ops():
         logger.info("C++ CPU kernels: not used (this CPU lacks AVX512-VNNI and AVX2); torch paths serve")
     elif _loaded(load_common_ops):
-        logger.info("C++ CPU kernels: the AVX2 paged decode attention and w4a8 projection (this CPU lacks "
-                    "AVX512-VNNI); torch's int8 kernel serves the LM head")
+        logger.info("C++ CPU kernels: the AVX2 library (this CPU lacks AVX512-VNNI)")
     return False
 
 

@@ -6,8 +6,8 @@ loaded into torch's dispatcher, so eager code and compiled graphs call them as
 The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_supports_cpu_ops` says
 whether this CPU has it. A CPU with AVX2 and FMA but not those gets a second library of the same
 operator namespace built from kernels/cpu_avx2/*.cpp with the "common" operators, the ones both
-libraries define: the paged decode attention and the w4a8 projection (`load_common_ops`; the
-w8a16 LM head stays on torch's int8 kernel there). One process loads one of the two, never both. Built once per source set, compiler command and torch version into
+libraries define: today all of them, the paged decode attention and the w4a8 and w8a16
+projections (`load_common_ops`). One process loads one of the two, never both. Built once per source set, compiler command and torch version into
 `$XDG_CACHE_HOME/structserve/kernels` (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE`
 overrides): its sources compiled side by side, about 14 s the first time on the project's 2-core
 box (the Makefile's install step does it through `main`), then a file load. Each kernel module
@@ -32,7 +32,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("cpu")).glob("*.cpp"))
-HEADERS = sorted((Path(__file__).with_name("cpu")).glob("*.h"))   # included by the sources: part of the cache key
+# included by the sources: part of the cache key
+HEADERS = sorted((Path(__file__).with_name("cpu")).glob("*.h")) + sorted((Path(__file__).with_name("cpu_avx2")).glob("*.h"))
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 ISA_COMPILE_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"]
 AVX2_SOURCES = sorted((Path(__file__).with_name("cpu_avx2")).glob("*.cpp"))   # they include ../cpu/*.h
@@ -64,15 +65,15 @@ def cpu_supports_cpu_ops() -> bool:
 
 
 def cpu_supports_common_ops() -> bool:
-    """Whether this CPU runs the common operators (paged decode attention, w4a8 projection): the
-    AVX-512 library's, or the AVX2 one's."""
+    """Whether this CPU runs the common operators (paged decode attention, w4a8 and w8a16
+    projections): the AVX-512 library's, or the AVX2 one's."""
     return _cpu_has(REQUIRED_FLAGS) or _cpu_has(AVX2_REQUIRED_FLAGS)
 
 
 def register_fake(register: Callable[[], None], common: bool = False) -> None:
     """Have `register` (a function that calls torch.library.register_fake for one operator) run
     once the library is loaded: the shapes torch.compile traces the operator with. `common`: the
-    AVX2 library defines the operator too (paged_decode_attention, w4a8_linear)."""
+    AVX2 library defines the operator too (paged_decode_attention, w4a8_linear, w8a16_linear)."""
     _fakes.append((register, common))
     if _loaded or (common and _avx2_loaded):
         register()
@@ -85,7 +86,7 @@ def cpu_ops_loaded() -> bool:
 
 def common_ops_loaded() -> bool:
     """True once either library, and so the common operators (`torch.ops.structserve_cpu.
-    paged_decode_attention`, `.w4a8_linear`), is loaded."""
+    paged_decode_attention`, `.w4a8_linear`, `.w8a16_linear`), is loaded."""
     return bool(_loaded or _avx2_loaded)
 
 
@@ -188,15 +189,14 @@ def _run_all(commands: list[list[str]]) -> None:
 def main() -> int:
     """Build (or find) the library ahead of the first server start (the Makefile's install step
     runs it); prints its path, or why it cannot run here. Exit 0
-    either way: CPUs without AVX512-VNNI serve the LM head through torch's int8 kernel (and the
-    decode attention and int4 projections through the AVX2 library where the CPU has AVX2 and
-    FMA, else through the torch paths)."""
+    either way: CPUs without AVX512-VNNI run the AVX2 library where they have AVX2 and FMA, and
+    the torch paths otherwise."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         if cpu_supports_cpu_ops():
             print(f"C++ CPU kernels: {_build(SOURCES, ISA_COMPILE_FLAGS, 'structserve_cpu')}")
         elif cpu_supports_common_ops():
-            print("C++ CPU kernels: the AVX2 paged decode attention and w4a8 projection (this CPU lacks AVX512-VNNI): "
+            print("C++ CPU kernels: the AVX2 library (this CPU lacks AVX512-VNNI): "
                   f"{_build(AVX2_SOURCES, AVX2_COMPILE_FLAGS, 'structserve_cpu_avx2')}")
         else:
             print("C++ CPU kernels: not built (this CPU lacks AVX512-VNNI and AVX2); the torch paths serve")

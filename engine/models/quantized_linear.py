@@ -26,7 +26,7 @@ from torch import nn
 
 from engine.config import ALL_ROWS
 from engine.models.onednn_linear import onednn_linear
-from kernels.cpu_ops import load_common_ops, load_cpu_ops
+from kernels.cpu_ops import load_common_ops
 from kernels.w4a8_linear import pack_w4a8
 from kernels.w8a16_linear import pack_w8a16
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, dequantize
@@ -219,7 +219,7 @@ def _pack_w4a8(groups: Int4Groups) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 def _pack_w8a16(int8: Int8Channels) -> tuple[torch.Tensor, torch.Tensor]:
     """(packed, scales): the w8a16 kernel's layout of the int8 weight (kernels/w8a16_linear.py
     `pack_w8a16`), the kernel loaded. Raises CpuOpsUnavailable where the kernel cannot run."""
-    load_cpu_ops()
+    load_common_ops()
     packed, scales, _ = pack_w8a16(int8.qvals, int8.scales)
     return packed, scales
 

@@ -15,8 +15,7 @@ from engine.models.crossover import measure_crossovers
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.quantized_tensor import GROUP_SIZE, Int4Groups, Int8Channels, SourceWeight, cat_rows, dequantize
 from engine.models.weight_format import WeightFormat, cpu_has_native_bf16, large_batch_format
-from kernels.cpu_ops import (CpuOpsUnavailable, cpu_supports_common_ops, cpu_supports_cpu_ops, load_common_ops,
-                             load_cpu_ops)
+from kernels.cpu_ops import CpuOpsUnavailable, cpu_supports_common_ops, load_common_ops
 
 logger = logging.getLogger(__name__)
 
@@ -192,22 +191,14 @@ def resolve_int4_kernel(requested: str) -> str:
 
 def resolve_int8_kernel() -> str:
     """The int8 copies' kernel: "w8a16" (kernels/w8a16_linear.py: activations as two int8 levels
-    per group of 32, AVX512-VNNI dot products) where kernels/cpu_ops.py's library loads on this
-    CPU, else "int8pack" (torch's `_weight_int8pack_mm`, bf16 activations); a failed build is
-    logged."""
-    if not cpu_supports_cpu_ops():
+    per group of 32, integer dot products) where one of kernels/cpu_ops.py's libraries loads on
+    this CPU (AVX512-VNNI, or AVX2 and FMA), else "int8pack" (torch's `_weight_int8pack_mm`, bf16
+    activations); a failed build is logged."""
+    if not cpu_supports_common_ops():
         return "int8pack"
-    error = _cpu_ops_error()
-    if error is not None:
+    try:
+        load_common_ops()
+    except (CpuOpsUnavailable, OSError, RuntimeError) as error:
         logger.warning("int8 kernel: int8pack (the w8a16 kernel is unavailable: %s)", error)
         return "int8pack"
     return "w8a16"
-
-
-def _cpu_ops_error() -> Exception | None:
-    """None once kernels/cpu_ops.py's library is loaded (built if needed), else why it is not."""
-    try:
-        load_cpu_ops()
-    except (CpuOpsUnavailable, OSError, RuntimeError) as exc:
-        return exc
-    return None

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "vnni_rows.h"
+#include "w8a16_frame.h"
 
 namespace {
 
@@ -104,15 +105,8 @@ inline void block_dot(const uint8_t* w, const uint16_t* scales, const TwoLevelRo
 }
 
 at::Tensor w8a16_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales, int64_t N) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "w8a16_linear: x must be float32 [M, K]");
+  check_w8a16_args(x, packed, scales, N);
   const int64_t M = x.size(0), K = x.size(1), blocks = (N + kBlock - 1) / kBlock;
-  TORCH_CHECK(K % kGroup == 0, "w8a16_linear: K must be a multiple of 32, got ", K);
-  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && packed.size(0) == blocks &&
-                  packed.size(1) == K * kBlock && packed.is_contiguous(),
-              "w8a16_linear: packed is contiguous uint8 [ceil(N / 16), K * 16]");
-  TORCH_CHECK(scales.dim() == 2 && scales.scalar_type() == at::kBFloat16 && scales.size(0) == blocks &&
-                  scales.size(1) == kBlock && scales.is_contiguous(),
-              "w8a16_linear: scales are contiguous bf16 [ceil(N / 16), 16]");
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   const int64_t groups = K / kGroup;

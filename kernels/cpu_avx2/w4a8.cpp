@@ -15,85 +15,39 @@
 // whatever M is and however the work is split between threads, so a row's result never depends on
 // the batch it came in.
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "../cpu/row_tiles.h"
 #include "../cpu/w4a8_frame.h"
+#include "avx2_rows.h"
 
 namespace {
 
 using structserve_cpu::for_row_tiles;
 using structserve_cpu::QuantizedRow;
+using namespace structserve_cpu_avx2;
 
 constexpr int64_t kGroup = structserve_cpu::kW4a8Group;
 constexpr int64_t kBlock = structserve_cpu::kW4a8Block;
 constexpr int64_t kHalf = 8;      // weight rows per 32-byte half: one int32 lane each
 constexpr int64_t kVector = 64;   // bytes per packed vector: 16 rows x 8 inputs
 
-inline float max8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-inline float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-inline int32_t sum8i(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
-}
-
-// Quantizes x[0..K) into the buffers of one QuantizedRow: per group step = max |x| / 127 and
-// qx = round-half-even(x / step) (times the inverse, as the reference), 0 for an all-zero group.
+// Quantizes x[0..K) into the buffers of one QuantizedRow (4 ymm per group).
 void quantize_row(const float* x, int64_t K, int8_t* qx, float* step, float* offset, float* sum) {
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  // packs interleave 128-bit lanes: the 4-byte runs come out as q0[0..3] q1[0..3] q2[0..3] q3[0..3]
-  // q0[4..7] ..., and this permutation puts them back in input order
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t g = 0; g < K / kGroup; ++g) {
-    const float* xg = x + g * kGroup;
     __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(xg + 8 * i);
-    const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], magnitude), _mm256_and_ps(v[1], magnitude)),
-                                   _mm256_max_ps(_mm256_and_ps(v[2], magnitude), _mm256_and_ps(v[3], magnitude)));
-    const float s = max8(a) / 127.f;
-    const __m256 inv = _mm256_set1_ps(s > 0.f ? 1.f / s : 0.f);
-    __m256i q[4];
-    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));   // nearest even
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx + g * kGroup), _mm256_permutevar8x32_epi32(packed, order));
-    const int32_t qsum = sum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
-    step[g] = s;
-    offset[g] = 8.f * s * static_cast<float>(qsum);
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + g * kGroup + 8 * i);
+    const GroupQuant q = quantize_group(v, qx + g * kGroup);
+    step[g] = q.step;
+    offset[g] = 8.f * q.step * static_cast<float>(q.qsum);
     sum[g] = sum8(_mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])));
   }
-}
-
-// 8 bf16 values at p as float32.
-inline __m256 bf16_8(const uint16_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-}
-
-// The 4 bytes at p in every int32 lane.
-inline __m256i broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
 }
 
 // The 8 outputs of one half of a weight block for MR rows of x: `w` is the half's first 32 bytes
@@ -127,19 +81,13 @@ inline void half_dot(const uint8_t* w, const uint16_t* scales, const uint16_t* z
       acc[m] = _mm256_fmadd_ps(zero, _mm256_set1_ps(x[m].sum[g]), acc[m]);
     }
   }
-  if (valid == kHalf) {
-    for (int m = 0; m < MR; ++m) _mm256_storeu_ps(y + m * ldy, acc[m]);
-  } else {
-    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(valid)),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int m = 0; m < MR; ++m) _mm256_maskstore_ps(y + m * ldy, lanes, acc[m]);
-  }
+  for (int m = 0; m < MR; ++m) store_lanes(y + m * ldy, acc[m], valid);
 }
 
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                        const at::Tensor& zeros, int64_t N) {
   structserve_cpu::check_w4a8_args(x, packed, scales, zeros, N);
-  const int64_t M = x.size(0), K = x.size(1), blocks = (N + kBlock - 1) / kBlock, groups = K / kGroup;
+  const int64_t M = x.size(0), K = x.size(1), groups = K / kGroup;
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty({M, N}, x.options());
   const structserve_cpu::QuantizedRows rows(xc.data_ptr<float>(), M, K, quantize_row);
@@ -147,19 +95,13 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& packed, const at::
   const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr());
   const auto* z = reinterpret_cast<const uint16_t*>(zeros.data_ptr());
   float* out = y.data_ptr<float>();
-  // one task per half block (8 weight rows), all M rows each: the half's weights stay in L1
-  at::parallel_for(0, 2 * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / 2, h = task % 2, n0 = b * kBlock + h * kHalf;
-      const int64_t valid = std::min(kHalf, N - n0);
-      if (valid <= 0) continue;
-      const uint8_t* wh = w + b * K * 8 + h * (kVector / 2);
-      const uint16_t* sh = s + b * groups * kBlock + h * kHalf;
-      const uint16_t* zh = z + b * groups * kBlock + h * kHalf;
-      for_row_tiles(M, [&](auto mr, int64_t m) {
-        half_dot<decltype(mr)::value>(wh, sh, zh, rows.data() + m, K, out + m * N + n0, N, valid);
-      });
-    }
+  for_half_blocks(N, [&](int64_t b, int64_t h, int64_t n0, int64_t valid) {
+    const uint8_t* wh = w + b * K * 8 + h * (kVector / 2);
+    const uint16_t* sh = s + b * groups * kBlock + h * kHalf;
+    const uint16_t* zh = z + b * groups * kBlock + h * kHalf;
+    for_row_tiles(M, [&](auto mr, int64_t m) {
+      half_dot<decltype(mr)::value>(wh, sh, zh, rows.data() + m, K, out + m * N + n0, N, valid);
+    });
   });
   return y;
 }

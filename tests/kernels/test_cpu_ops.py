@@ -66,21 +66,30 @@ for m, k, n in ((7, 96, 21), (2, 32, 32), (1, 576, 40), (13, 160, 8)):
     alone = torch.cat([w4a8_linear(x[i:i + 1], *weight) for i in range(m)])
     assert torch.equal(got, alone), "a row's result depends on its batch"
     print("w4a8 relative diff", float((got - want).abs().max() / want.abs().max()))
+from kernels.w8a16_linear import pack_w8a16, w8a16_linear, w8a16_linear_ref
+for m, k, n in ((5, 96, 21), (1, 576, 40), (4, 32, 8)):           # tiles of 2 and 1, half blocks
+    weight = pack_w8a16(torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8), torch.rand(n, generator=gen))
+    x = torch.randn(m, k, generator=gen)
+    x[0, :32] = 0
+    got, want = w8a16_linear(x, *weight), w8a16_linear_ref(x, *weight)
+    alone = torch.cat([w8a16_linear(x[i:i + 1], *weight) for i in range(m)])
+    assert torch.equal(got, alone), "a row's result depends on its batch"
+    print("w8a16 relative diff", float((got - want).abs().max() / want.abs().max()))
 """
 
 
 @pytest.mark.skipif(not cpu_supports_common_ops(), reason="this CPU lacks AVX2 and FMA")
 def test_without_vnni_the_build_step_builds_the_avx2_kernels_and_they_match(tmp_path: Path) -> None:
     """On any CPU with AVX2 (AVX-512 ones included, the VNNI check replaced): the step builds the
-    AVX2 library only; its decode attention gives the torch reduction's numbers, and its w4a8
-    projection the reference's, each row the same alone as in its batch."""
+    AVX2 library only; its decode attention gives the torch reduction's numbers, and its w4a8 and
+    w8a16 projections their references', each row the same alone as in its batch."""
     result = subprocess.run([sys.executable, "-c", AVX2_ONLY], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "STRUCTSERVE_KERNEL_CACHE": str(tmp_path)}, timeout=300)
     out = result.stdout + result.stderr
-    assert result.returncode == 0 and "the AVX2 paged decode attention and w4a8 projection" in result.stdout, out
+    assert result.returncode == 0 and "the AVX2 library" in result.stdout, out
     assert [p.name.split("_")[2] for p in tmp_path.iterdir()] == ["avx2"], list(tmp_path.iterdir())
     diffs = [line.split(" ") for line in result.stdout.splitlines() if " diff " in line]
-    assert [d[0] for d in diffs] == ["attention"] + ["w4a8"] * 4, out
+    assert [d[0] for d in diffs] == ["attention"] + ["w4a8"] * 4 + ["w8a16"] * 3, out
     assert float(diffs[0][-1]) < 1e-5 and all(float(d[-1]) < 1e-6 for d in diffs[1:]), out
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu_ops import cpu_supports_cpu_ops, load_cpu_ops
+from kernels.cpu_ops import cpu_supports_common_ops, load_common_ops
 from kernels.w8a16_linear import (
     pack_w8a16,
     two_level_activations,
@@ -20,7 +20,8 @@ from kernels.w8a16_linear import (
     w8a16_rows,
 )
 
-NEEDS_CPU_OPS = pytest.mark.skipif(not cpu_supports_cpu_ops(), reason="this CPU lacks AVX512-VNNI for the C++ kernels")
+NEEDS_CPU_OPS = pytest.mark.skipif(not cpu_supports_common_ops(),
+                                   reason="this CPU lacks AVX512-VNNI and AVX2 for the C++ kernels")
 # (M, K, N): x-row tiles 1..4 and 4 + rest; N off the 16-row blocks (a masked last block) and below one
 SHAPES = [(1, 576, 49), (1, 32, 1), (2, 96, 37), (3, 64, 7), (4, 576, 130), (5, 32, 64), (6, 160, 3),
           (7, 1536, 65), (8, 576, 1000), (9, 64, 5)]
@@ -114,7 +115,7 @@ def test_kernel_refuses_bad_inputs_with_its_reason() -> None:
 
 @NEEDS_CPU_OPS
 def test_inductor_calls_the_operator_without_a_graph_break() -> None:
-    load_cpu_ops()
+    load_common_ops()
     packed, scales, n = pack_w8a16(*random_int8(40, 96, seed=7))
 
     def f(x: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from engine.errors import ModelLoadError
 from engine.model_loader import load_model_weights
 from engine.models import MODEL_REGISTRY, get_model_class
 from engine.models.quantized_tensor import Int8Channels
-from kernels.cpu_ops import cpu_supports_cpu_ops
+from kernels.cpu_ops import cpu_supports_common_ops
 from tests.conftest import fake_quantized_copy
 
 PROMPT_LENS = (5, 17, 33)
@@ -149,7 +149,7 @@ def test_a_tied_int8_head_and_the_lookup_hold_one_table(tiny_model_dir) -> None:
     folder, hf_model = tiny_model_dir("Qwen3ForCausalLM")
     model, _, _ = load_model_weights(str(folder), torch.float32, torch.device("cpu"), None, "int8", 4)
     head, lookup = model.lm_head, model.embed_tokens
-    assert head.small_kernel == ("w8a16" if cpu_supports_cpu_ops() else "int8pack")
+    assert head.small_kernel == ("w8a16" if cpu_supports_common_ops() else "int8pack")
     held = head.w8a16_weight if head.small_kernel == "w8a16" else head.int8_weight
     assert lookup.int8_rows is held and lookup.shares_rows
     assert lookup.resident_bytes() == lookup.int8_scales.numel() * 4        # its scales only

@@ -18,7 +18,7 @@ from paged_batch import PagedBatch
 
 from engine.model_loader import default_model_path, load_model_weights
 from engine.models.weight_format import cpu_has_native_bf16
-from kernels.cpu_ops import cpu_supports_common_ops, cpu_supports_cpu_ops
+from kernels.cpu_ops import cpu_supports_common_ops
 
 pytestmark = pytest.mark.slow
 CPU = torch.device("cpu")
@@ -57,7 +57,7 @@ def test_quantized_weights_track_float32(models, smollm2_tokenizer) -> None:
     summary = quantized.weight_summary
     large = "bf16" if cpu_has_native_bf16() else "fp32"     # the CPU's large-batch format
     kernel = quantized.layers[0].projections()["qkv"].int4_kernel
-    head_kernel = "w8a16" if cpu_supports_cpu_ops() else "int8pack"   # ours where the C++ library loads
+    head_kernel = "w8a16" if cpu_supports_common_ops() else "int8pack"   # ours where the C++ library loads
     assert summary.formats == {"layer": f"int4 ({kernel}) + {large}",
                                "head": f"int8 ({head_kernel}) + {large}"}, summary
     assert summary.crossover_rows == {"layer": CROSSOVER_ROWS, "head": CROSSOVER_ROWS}
