@@ -41,7 +41,7 @@ class EngineConfig:
         decode step's graphs, and so its on-disk cache entries, the same from start to start on a
         machine whose load makes the measurement vary.
     int4_kernel: the int4 copies' kernel (engine/models/weight_plan.py): "auto" = w4a8 (int8
-        activations, AVX512-VNNI; kernels/w4a8_linear.py) where the CPU has it, else "tinygemm"
+        activations, AVX512-VNNI or AVX2; kernels/w4a8_linear.py) where the CPU has either, else "tinygemm"
         (torch's bf16-activation int4 kernel); "w4a8" or "tinygemm" pin it.
     num_threads: torch intra-op threads on CPU; None = every core the process may use (engine/threads.py).
     leave_api_core: run steps of fewer than SMALL_STEP_ROWS rows on every core but one, leaving it

@@ -179,9 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--int4-kernel", choices=INT4_KERNEL_CHOICES, default=DEFAULT_INT4_KERNEL,
-        help="kernel of the int4 weight copies: w4a8 (int8 activations per group of 32, AVX512-VNNI, "
-             "built with the system C++ compiler once per machine), tinygemm (torch's, bf16 "
-             "activations); auto (default) takes w4a8 where the CPU has AVX512-VNNI, else tinygemm",
+        help="kernel of the int4 weight copies: w4a8 (int8 activations per group of 32, AVX512-VNNI or "
+             "AVX2, built with the system C++ compiler once per machine), tinygemm (torch's, bf16 "
+             "activations); auto (default) takes w4a8 where the CPU has AVX512-VNNI or AVX2, else tinygemm",
     )
     serve.add_argument(
         "--compile-cache-dir", default=None,

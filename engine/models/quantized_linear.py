@@ -55,9 +55,9 @@ class QuantizedLinear(nn.Module):
     `weight` (its qvals tensor is then shared, e.g. with a tied embedding). `int4_kernel` picks the
     INT4 copy's kernel and layout: "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, activations
     rounded to bf16) or "w4a8" (kernels/w4a8_linear.py: activations quantized to int8 per group of
-    32, AVX512-VNNI). `int8_kernel` picks the INT8 copy's: "int8pack" (torch's
+    32, AVX512-VNNI or AVX2). `int8_kernel` picks the INT8 copy's: "int8pack" (torch's
     `_weight_int8pack_mm`, row-major, activations rounded to bf16) or "w8a16"
-    (kernels/w8a16_linear.py: activations as two int8 levels per group of 32, AVX512-VNNI; a
+    (kernels/w8a16_linear.py: activations as two int8 levels per group of 32, AVX512-VNNI or AVX2; a
     projection whose in_features is not a multiple of 32 keeps int8pack). Raises ValueError for
     INT4 with in_features not a multiple of 32, for an unknown `int4_kernel` or `int8_kernel`, for
     a format off CPU, for a quantized `large`, or for BF16 on a CPU whose oneDNN has no bf16

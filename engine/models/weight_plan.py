@@ -73,9 +73,9 @@ class WeightBuilder:
     crossover_rows: rows served by the int4/int8 copies, the same for every projection; None =
     measured at load over the loaded projections (engine/models/crossover.py).
     int4_kernel: the INT4 copies' kernel: "w4a8" (kernels/w4a8_linear.py, int8 activations,
-    AVX512-VNNI), "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, bf16 activations) or "auto":
-    w4a8 where the CPU has AVX512-VNNI and the kernel builds, tinygemm elsewhere (the choice is
-    logged).
+    AVX512-VNNI or AVX2), "tinygemm" (torch's `_weight_int4pack_mm_for_cpu`, bf16 activations) or
+    "auto": w4a8 where the CPU has AVX512-VNNI or AVX2 and FMA and the kernel builds, tinygemm
+    elsewhere (the choice is logged).
     int8_kernel (not an argument): the INT8 copies' kernel, "w8a16" (kernels/w8a16_linear.py) where
     the C++ library loads, else "int8pack" (`resolve_int8_kernel`).
     """
