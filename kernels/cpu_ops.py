@@ -7,10 +7,10 @@ The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_support
 whether this CPU has it. A CPU with AVX2 and FMA but not those gets a second library of the same
 operator namespace built from kernels/cpu_avx2/*.cpp with the "common" operators, the ones both
 libraries define: today all of them, the paged decode attention and the w4a8 and w8a16
-projections (`load_common_ops`). One process loads one of the two, never both. Built once per source set, compiler command and torch version into
-`$XDG_CACHE_HOME/structserve/kernels` (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE`
-overrides): its sources compiled side by side, about 14 s the first time on the project's 2-core
-box (the Makefile's install step does it through `main`), then a file load. Each kernel module
+projections (`load_common_ops`). One process loads one of the two, never both. Built once per
+source set, compiler command and torch version into `$XDG_CACHE_HOME/structserve/kernels`
+(`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE` overrides): its sources compiled side by
+side, about 14 s the first time on the project's 2-core box (the Makefile's install step does it through `main`), then a file load. Each kernel module
 (kernels/w4a8_linear.py, kernels/w8a16_linear.py, kernels/paged_attention.py) keeps a pure-torch
 reference that the tests compare against and that CPUs without these instructions run.
 """
@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).with_name("cpu")).glob("*.cpp"))
 # included by the sources: part of the cache key
-HEADERS = sorted((Path(__file__).with_name("cpu")).glob("*.h")) + sorted((Path(__file__).with_name("cpu_avx2")).glob("*.h"))
+HEADERS = [*sorted((Path(__file__).with_name("cpu")).glob("*.h")),
+           *sorted((Path(__file__).with_name("cpu_avx2")).glob("*.h"))]
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 ISA_COMPILE_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mfma"]
 AVX2_SOURCES = sorted((Path(__file__).with_name("cpu_avx2")).glob("*.cpp"))   # they include ../cpu/*.h
