@@ -43,7 +43,7 @@ AVX2_COMPILE_FLAGS = ["-mavx2", "-mfma"]
 _lock = threading.Lock()
 _loaded: bool | None = None   # None: not tried yet
 _avx2_loaded: bool | None = None
-_fakes: list[tuple[Callable[[], None], bool]] = []   # (register, for a common operator)
+_fakes: list[Callable[[], None]] = []   # shape registrations, run once either library loads
 
 
 class CpuOpsUnavailable(RuntimeError):
@@ -71,12 +71,12 @@ def cpu_supports_common_ops() -> bool:
     return _cpu_has(REQUIRED_FLAGS) or _cpu_has(AVX2_REQUIRED_FLAGS)
 
 
-def register_fake(register: Callable[[], None], common: bool = False) -> None:
+def register_fake(register: Callable[[], None]) -> None:
     """Have `register` (a function that calls torch.library.register_fake for one operator) run
-    once the library is loaded: the shapes torch.compile traces the operator with. `common`: the
-    AVX2 library defines the operator too (paged_decode_attention, w4a8_linear, w8a16_linear)."""
-    _fakes.append((register, common))
-    if _loaded or (common and _avx2_loaded):
+    once either library is loaded (both define every operator): the shapes torch.compile traces
+    the operator with."""
+    _fakes.append(register)
+    if _loaded or _avx2_loaded:
         register()
 
 
@@ -106,9 +106,8 @@ def load_common_ops() -> str:
             if not _cpu_has(AVX2_REQUIRED_FLAGS):
                 raise CpuOpsUnavailable("this CPU lacks AVX2 and FMA for the C++ CPU kernels")
             torch.ops.load_library(str(_build(AVX2_SOURCES, AVX2_COMPILE_FLAGS, "structserve_cpu_avx2")))
-            for register, common in _fakes:
-                if common:
-                    register()
+            for register in _fakes:
+                register()
             _avx2_loaded = True
         elif not _avx2_loaded:
             raise CpuOpsUnavailable("the AVX2 C++ CPU kernels failed to build or load earlier in this process")
@@ -126,7 +125,7 @@ def load_cpu_ops() -> None:
             if not cpu_supports_cpu_ops():
                 raise CpuOpsUnavailable("this CPU lacks AVX512-VNNI (needs " + ", ".join(REQUIRED_FLAGS) + ")")
             torch.ops.load_library(str(_build(SOURCES, ISA_COMPILE_FLAGS, "structserve_cpu")))
-            for register, _ in _fakes:
+            for register in _fakes:
                 register()
             _loaded = True
         elif not _loaded:

@@ -209,7 +209,7 @@ def _register_fake() -> None:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-register_fake(_register_fake, common=True)
+register_fake(_register_fake)
 
 
 if triton is not None:
