@@ -44,6 +44,10 @@ class ServerConfig:
     allow_runtime_lora: serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
     shutdown_grace_s: seconds running requests get to finish after SIGTERM before they are aborted
         (`api/http/shutdown.py`); raises ValueError when negative.
+    keep_alive_s: seconds an idle HTTP/1.1 connection stays open. It must outlast the clients' own
+        idle expiry (httpx, and so the openai and anthropic SDKs, reuse a connection for 5 s):
+        a server that closes first races a client sending on it, which then sees "Server
+        disconnected without sending a response". Raises ValueError when not positive.
     """
 
     host: str = "127.0.0.1"
@@ -70,11 +74,14 @@ class ServerConfig:
     response_id_prefix: str = "resp_"
     allow_runtime_lora: bool = False
     shutdown_grace_s: float = 30.0
+    keep_alive_s: float = 65.0
 
     def __post_init__(self) -> None:
         if self.responses_retention_s is not None and self.responses_retention_s <= 0:
             raise ValueError(f"--responses-retention must be positive, not {self.responses_retention_s:g} s")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"--shutdown-grace must be >= 0, not {self.shutdown_grace_s:g}")
+        if self.keep_alive_s <= 0:
+            raise ValueError(f"--timeout-keep-alive must be positive, not {self.keep_alive_s:g}")
         if self.protect_metrics and not self.api_key:
             raise ValueError("--protect-metrics needs an API key (--api-key or STRUCTSERVE_API_KEY)")

@@ -202,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds running requests get to finish after SIGTERM before they are aborted",
     )
     serve.add_argument(
+        "--timeout-keep-alive", type=float, default=65.0,
+        help="seconds an idle HTTP connection stays open; longer than clients' own 5 s, so a "
+             "request sent on a reused connection never meets the server closing it",
+    )
+    serve.add_argument(
         "--log-level", choices=["critical", "error", "warning", "info", "debug"], default="info"
     )
     add_lora_arguments(serve)
@@ -304,6 +309,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         allow_runtime_lora=args.allow_runtime_lora,
         **access_options_from_args(args),
         shutdown_grace_s=args.shutdown_grace,
+        keep_alive_s=args.timeout_keep_alive,
     )
     return engine_config, server_config
 
@@ -319,8 +325,7 @@ def serve(engine_config: EngineConfig, server_config: ServerConfig) -> None:
     try:
         app = create_app(engine, server_config)
         logger.info("serving %s on http://%s:%d", engine.model_name, server_config.host, server_config.port)
-        run_server(app, engine, server_config.host, server_config.port, server_config.log_level,
-                   server_config.shutdown_grace_s)
+        run_server(app, engine, server_config)
     finally:
         engine.shutdown()
 

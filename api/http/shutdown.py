@@ -24,6 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 from sse_starlette.sse import AppStatus
 
+from api.config import ServerConfig
 from api.http.context import EngineClient
 from api.http.draining import DrainState
 from api.responses.background import BackgroundResponses
@@ -96,13 +97,14 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def run_server(app: FastAPI, engine: EngineClient, host: str, port: int, log_level: str,
-               grace_s: float) -> None:
-    """Serve `app` on host:port until SIGTERM / SIGINT, then shut down gracefully (module docstring).
+def run_server(app: FastAPI, engine: EngineClient, config: ServerConfig) -> None:
+    """Serve `app` on config.host:config.port until SIGTERM / SIGINT, then shut down gracefully
+    (module docstring); idle connections stay open for `config.keep_alive_s`.
 
     Blocks. Exits the process with status 1 or 3 when uvicorn cannot start (port in use, lifespan
     failure), as uvicorn.run does.
     """
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=int(BACKSTOP_S))
-    DrainingServer(config, app, engine, grace_s).run()
+    uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                    timeout_keep_alive=config.keep_alive_s,
+                                    timeout_graceful_shutdown=int(BACKSTOP_S))
+    DrainingServer(uvicorn_config, app, engine, config.shutdown_grace_s).run()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import signal
 import threading
@@ -76,7 +77,8 @@ def serve_replicas(engine_config: EngineConfig, server_config: ServerConfig, rep
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": server_config.host, "port": server_config.port},
+        serve.start(http_options={"host": server_config.host, "port": server_config.port,
+                                  "keep_alive_timeout_s": math.ceil(server_config.keep_alive_s)},
                     proxy_location="HeadOnly")
         serve.run(_application(engine_config, server_config, replicas, threads), name=APP_NAME, route_prefix="/")
         logger.info("serving %d engine replicas (%d threads each) on http://%s:%d, ready in %.1f s",

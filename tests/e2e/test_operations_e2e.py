@@ -6,6 +6,7 @@ responses survive the restart."""
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import re
 import signal
@@ -79,6 +80,24 @@ def ops(tmp_path_factory) -> Iterator[OpsServer]:
 @pytest.fixture
 def ops_server(ops: OpsServer) -> Server:
     return ops.server
+
+
+def test_an_idle_connection_outlasts_the_clients_own_keep_alive(ops_server):
+    """httpx (so the openai SDK) reuses an idle connection for up to 5 s; the server must keep it
+    open longer, or a request sent on it as the server closes it gets no response (CI saw this as
+    "Server disconnected without sending a response")."""
+    host, port = ops_server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        for _ in range(2):
+            conn.request("GET", "/health")   # on the same socket: http.client reconnects only after a close it was told of
+            answer = conn.getresponse()
+            answer.read()
+            assert answer.status == 200
+            assert not answer.will_close
+            time.sleep(5.5)
+    finally:
+        conn.close()
 
 
 def test_full_waiting_queue_answers_429_at_once(ops_server):

@@ -107,10 +107,10 @@ async def test_timed_out_background_response_is_stored_failed(
 
 def test_cli_flags() -> None:
     args = build_parser().parse_args(["serve", "--max-waiting-requests", "3", "--request-timeout", "2.5",
-                                      "--shutdown-grace", "7"])
+                                      "--shutdown-grace", "7", "--timeout-keep-alive", "90"])
     engine_config, server_config = build_configs(args, {})
     assert engine_config.max_waiting_requests == 3 and engine_config.request_timeout_s == 2.5
-    assert server_config.shutdown_grace_s == 7
+    assert server_config.shutdown_grace_s == 7 and server_config.keep_alive_s == 90
     defaults = build_configs(build_parser().parse_args(["serve"]), {})
     assert defaults[0].max_waiting_requests == 256 and defaults[0].request_timeout_s is None
-    assert defaults[1].shutdown_grace_s == 30
+    assert defaults[1].shutdown_grace_s == 30 and defaults[1].keep_alive_s == 65
