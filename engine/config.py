@@ -13,6 +13,7 @@ DEFAULT_KV_CACHE_MEMORY_BYTES = 2 * 1024**3
 DEFAULT_MAX_WAITING_REQUESTS = 256
 # On CPU a 256-token SmolLM2 prefill chunk takes ~0.2-0.5 s; a whole 2048-token budget, seconds.
 DEFAULT_CPU_LONG_PREFILL_TOKENS = 256
+DEFAULT_CPU_PREFILL_TOKENS_PER_STEP = 64
 # kernels of the int4 weight copies (engine/models/weight_plan.py, resolve_int4_kernel)
 INT4_KERNEL_CHOICES = ("auto", "w4a8", "tinygemm")
 ALL_ROWS = 1 << 30
@@ -50,6 +51,11 @@ class EngineConfig:
     long_prefill_token_threshold: most prompt tokens one sequence prefills per step (vLLM's flag of
         that name), so a long prompt cannot hold a step, and an abort, for seconds; 0 = no cap,
         None = DEFAULT_CPU_LONG_PREFILL_TOKENS on CPU and no cap on CUDA.
+    max_prefill_tokens_per_step: prompt tokens past which a step admits no further waiting
+        sequence (engine/scheduler.py: on CPU, where a step costs about its token count, clients
+        arriving together then get their first tokens one step after another instead of all after
+        one long step); 0 = no cap, None = DEFAULT_CPU_PREFILL_TOKENS_PER_STEP on CPU and no cap
+        on CUDA.
     max_waiting_requests: requests that may wait (submitted, not yet running) before new ones are
         refused with EngineOverloaded; >= 1.
     request_timeout_s: seconds from a request's arrival (`EngineRequest.arrival_time`) after which
@@ -75,6 +81,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     long_prefill_token_threshold: int | None = None
+    max_prefill_tokens_per_step: int | None = None
     block_size: int = 16
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_MEMORY_BYTES
     enable_prefix_caching: bool = True
@@ -97,6 +104,9 @@ class EngineConfig:
         if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 0:
             raise InvalidSamplingParams("long_prefill_token_threshold must be >= 0",
                                         param="long_prefill_token_threshold")
+        if self.max_prefill_tokens_per_step is not None and self.max_prefill_tokens_per_step < 0:
+            raise InvalidSamplingParams("max_prefill_tokens_per_step must be >= 0",
+                                        param="max_prefill_tokens_per_step")
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
             raise InvalidSamplingParams("max_num_seqs and max_num_batched_tokens must be >= 1")
         if self.max_waiting_requests < 1:

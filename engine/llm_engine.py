@@ -16,7 +16,7 @@ import torch
 from constrained import UnwritableGrammar
 from engine.block_pool import BlockPool
 from engine.compiled_decode import CompiledDecode
-from engine.config import DEFAULT_CPU_LONG_PREFILL_TOKENS, EngineConfig
+from engine.config import DEFAULT_CPU_LONG_PREFILL_TOKENS, DEFAULT_CPU_PREFILL_TOKENS_PER_STEP, EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineStepError, InvalidSamplingParams
 from engine.model_limits import ModelLimits
@@ -94,7 +94,8 @@ class LLMEngine:
         self.block_pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len,
-                            _long_prefill_cap(config, device)), self.block_pool, self.lora)
+                            _long_prefill_cap(config, device), _admission_cap(config, device)),
+            self.block_pool, self.lora)
         self.eos_token_ids: tuple[int, ...] = tuple(arch.eos_token_ids)
         self.sampler = Sampler(arch.vocab_size, self.eos_token_ids, config.seed)
         self.requests: dict[str, RequestState] = {}
@@ -472,3 +473,11 @@ def _long_prefill_cap(config: EngineConfig, device: torch.device) -> int:
     if config.long_prefill_token_threshold is not None:
         return config.long_prefill_token_threshold
     return DEFAULT_CPU_LONG_PREFILL_TOKENS if device.type == "cpu" else 0
+
+
+def _admission_cap(config: EngineConfig, device: torch.device) -> int:
+    """The prompt tokens past which a step admits no further waiting sequence (0 = none); see
+    EngineConfig.max_prefill_tokens_per_step."""
+    if config.max_prefill_tokens_per_step is not None:
+        return config.max_prefill_tokens_per_step
+    return DEFAULT_CPU_PREFILL_TOKENS_PER_STEP if device.type == "cpu" else 0

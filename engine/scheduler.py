@@ -13,12 +13,15 @@ from lora.manager import LoraManager
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Per-step limits: tokens run in one forward, sequences in the batch, tokens per sequence,
-    and prompt tokens one sequence prefills per step (`long_prefill_token_threshold`, 0 = no cap)."""
+    prompt tokens one sequence prefills per step (`long_prefill_token_threshold`, 0 = no cap), and
+    prompt tokens past which a step admits no further waiting sequence
+    (`max_prefill_tokens_per_step`, 0 = no cap; the first admitted always gets its chunk)."""
 
     max_num_batched_tokens: int
     max_num_seqs: int
     max_model_len: int
     long_prefill_token_threshold: int = 0
+    max_prefill_tokens_per_step: int = 0
 
     def chunk(self, num_tokens: int, budget: int) -> int:
         """Tokens of a sequence with `num_tokens` uncomputed ones to run within `budget`."""
@@ -63,6 +66,13 @@ class Scheduler:
     by another running sequence (it waits to reuse it: n choices of one request, many clients
     with one system prompt), is passed over without blocking the others; so is
     one whose LoRA adapter cannot get a slot (`lora`: a RUNNING sequence holds its adapter's slot).
+
+    With `max_prefill_tokens_per_step`, a step stops admitting once its arrivals' prompt tokens
+    reach it. Where a forward costs about its token count (CPU), batching prefills saves nothing,
+    while each admitted prefill makes the step longer for every sequence in it: N clients arriving
+    together with prompts of T ms each all wait N*T in one step, against T, 2T, ... NT in steps
+    of one (about half the mean and median TTFT), and the running sequences decode in between.
+    SGLang's chunked_prefill_size likewise bounds a batch's new prefill tokens.
 
     A step that admits a waiting sequence holds back the running sequences' forced runs (output
     tokens the grammar appended without sampling, `engine/llm_engine.py`'s jump-forward, whose K/V
@@ -170,7 +180,10 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
         skipped: list[Sequence] = []
+        cap, admitted_tokens = self.config.max_prefill_tokens_per_step, 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if cap and admitted_tokens >= cap:
+                break
             seq = self.waiting[0]
             if seq.status is SeqStatus.WAITING_FOR_GRAMMAR:
                 skipped.append(self.waiting.popleft())
@@ -199,6 +212,7 @@ class Scheduler:
             self._claim_in_flight(seq, len(cached))
             out.scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+            admitted_tokens += num_new
         self.waiting.extendleft(reversed(skipped))
         if self.lora is not None:
             self.lora.end_admission()

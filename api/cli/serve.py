@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--long-prefill-token-threshold", type=int, default=None,
         help="most prompt tokens one sequence prefills per step (0: no cap; default 256 on CPU, none on CUDA)",
     )
+    serve.add_argument(
+        "--max-prefill-tokens-per-step", type=int, default=None,
+        help="prompt tokens past which a step admits no further waiting request, so requests "
+             "arriving together get their first tokens in turn (0: no cap; default 64 on CPU, none on CUDA)",
+    )
     serve.add_argument("--block-size", type=int, default=16)
     serve.add_argument(
         "--kv-cache-memory",
@@ -275,6 +280,7 @@ def build_configs(args: argparse.Namespace, environ: dict[str, str]) -> tuple[En
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
+        max_prefill_tokens_per_step=args.max_prefill_tokens_per_step,
         block_size=args.block_size,
         kv_cache_memory_bytes=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -143,7 +143,8 @@ def test_engine_outputs_match_eager_with_preemption_and_prefix_hits(compiled_tin
     again = run_all(compiled_engine, greedy_requests())
     assert again == eager
     assert compiled_engine.stats().compiled_steps > 0
-    roomy = make_engine(compiled_tiny)      # both prompts in one step of 140 tokens: eager, then compiled
+    # both prompts in one step of 140 tokens (no admission cap): eager, then compiled
+    roomy = make_engine(compiled_tiny, max_prefill_tokens_per_step=0)
     long_prompts = greedy_requests(n_requests=2, prompt_len=70, max_tokens=30)
     assert run_all(roomy, long_prompts) == run_all(make_engine(compiled_tiny[:2]), long_prompts)
     stats = roomy.stats()

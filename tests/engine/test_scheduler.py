@@ -1,9 +1,14 @@
 """Scheduler property tests: random add/step/abort/finish sequences never leak or double-free."""
 
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_pool import BlockPool
+from engine.config import DEFAULT_CPU_PREFILL_TOKENS_PER_STEP, EngineConfig
+from engine.errors import InvalidSamplingParams
+from engine.llm_engine import _admission_cap
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SeqStatus
@@ -65,6 +70,52 @@ def test_long_prefill_threshold_caps_each_sequence_chunk():
     sched.update_after_step(second)
     last = sched.schedule()
     assert [s.num_scheduled_tokens for s in last.scheduled if s.seq is a] == [2]
+
+
+def test_prefill_tokens_per_step_cap_admits_arrivals_in_turn():
+    """Five 6-token prompts arrive together under a cap of 10: the first two steps admit two each
+    (the second admission crosses the cap, so it runs whole), the third the last one, while the
+    admitted ones decode; a running chunked prefill does not count against the cap."""
+    pool = BlockPool(64, 4, True)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256,
+                                      max_prefill_tokens_per_step=10), pool)
+    seqs = [make_seq(i, list(range(10 * i, 10 * i + 6)), max_tokens=8) for i in range(5)]
+    for seq in seqs:
+        sched.add(seq)
+    admitted = []
+    for _ in range(3):
+        out = sched.schedule()
+        admitted.append(sorted(s.seq.seq_id for s in out.scheduled if s.num_scheduled_tokens > 1))
+        assert [s.num_scheduled_tokens for s in out.scheduled if s.num_scheduled_tokens == 1] == \
+            [1] * (len(sched.running) - len(admitted[-1]))
+        sched.update_after_step(out)
+        for item in out.scheduled:
+            item.seq.token_ids.append(7)
+    assert admitted == [[0, 1], [2, 3], [4]]
+
+    uncapped = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256), BlockPool(64, 4, True))
+    for seq in [make_seq(i, list(range(10 * i, 10 * i + 6)), max_tokens=8) for i in range(5)]:
+        uncapped.add(seq)
+    assert len(uncapped.schedule().scheduled) == 5
+
+    long = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256,
+                                     long_prefill_token_threshold=12, max_prefill_tokens_per_step=10),
+                     BlockPool(64, 4, True))
+    long.add(make_seq(0, list(range(40)), max_tokens=2))
+    long.update_after_step(long.schedule())          # the long prompt's first chunk of 12
+    long.add(make_seq(1, list(range(100, 106)), max_tokens=2))
+    out = long.schedule()
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 12, 1: 6}
+
+
+def test_the_engine_caps_prefill_tokens_per_step_on_cpu_only_unless_told():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert _admission_cap(EngineConfig(), cpu) == DEFAULT_CPU_PREFILL_TOKENS_PER_STEP == 64
+    assert _admission_cap(EngineConfig(), cuda) == 0
+    assert _admission_cap(EngineConfig(max_prefill_tokens_per_step=0), cpu) == 0
+    assert _admission_cap(EngineConfig(max_prefill_tokens_per_step=200), cuda) == 200
+    with pytest.raises(InvalidSamplingParams, match="max_prefill_tokens_per_step"):
+        EngineConfig(max_prefill_tokens_per_step=-1)
 
 
 def test_decodes_are_scheduled_before_prefills():

@@ -52,6 +52,8 @@ def test_flags_build_both_configs(tmp_path: Path) -> None:
             "8",
             "--max-num-batched-tokens",
             "512",
+            "--max-prefill-tokens-per-step",
+            "96",
             "--block-size",
             "32",
             "--kv-cache-memory",
@@ -83,6 +85,7 @@ def test_flags_build_both_configs(tmp_path: Path) -> None:
         32,
     )
     assert engine_config.kv_cache_memory_bytes == 512 * 2**20 and engine_config.dtype == "float32"
+    assert engine_config.max_prefill_tokens_per_step == 96
     assert engine_config.quantization == "int8"
     assert (
         engine_config.seed == 3 and not engine_config.enable_prefix_caching and engine_config.num_threads == 1
@@ -102,6 +105,7 @@ def test_defaults_and_api_key_from_env() -> None:
     )
     assert engine_config.model is None and engine_config.enable_prefix_caching
     assert engine_config.quantization == "auto" and engine_config.num_threads is None   # the GGUF's own; all cores
+    assert engine_config.max_prefill_tokens_per_step is None     # 64 on CPU, none on CUDA (the engine decides)
     assert (server_config.host, server_config.port, server_config.api_key) == ("127.0.0.1", 8000, "k")
     _, flagged = build_configs(
         build_parser().parse_args(["serve", "--api-key", "f"]), {"STRUCTSERVE_API_KEY": "k"}
