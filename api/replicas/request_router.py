@@ -36,8 +36,12 @@ class StructserveRequestRouter(RequestRouter):
     replica's queue) as soon as it is chosen, not only once Serve reports it routed: Serve answers
     `on_request_routed` after the replica has accepted, and requests chosen meanwhile would
     otherwise all see the same state and pile onto one replica. A replica's queue is then this
-    router's own count of the requests it placed there and has not seen complete, never that count
-    plus Serve's (which counts the same requests from their send: `ongoing.py`).
+    router's own count of the requests it placed there and has not seen complete (`ongoing.py`):
+    with one ingress every request to a replica passes here, so the count is exact, while Serve's
+    queue-length cache (the replica's own figure at its last accept, adjusted at sends and
+    completions) can hold a replica's count from a burst that has ended. Taking the larger of the
+    two once made a server's next burst see an idle replica as busy: all 4 system prompts of a
+    replicas_bench round went to the other replica, and prefix affinity kept all 32 requests there.
     """
 
     def initialize_state(self, imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
@@ -96,12 +100,10 @@ class StructserveRequestRouter(RequestRouter):
     def _state(self, replica: RunningReplica) -> CandidateState:
         stats = replica.routing_stats or {}
         rank = stats.get("rank")
-        # Serve's cached count covers requests of other handles too (none today: one ingress)
-        cached = self.replica_queue_len_cache.get(replica.replica_id) or 0
         return CandidateState(
             key=replica.replica_id,
             rank=rank if isinstance(rank, int) else None,
-            queue_len=max(cached, self._ongoing.count(replica.replica_id)),
+            queue_len=self._ongoing.count(replica.replica_id),
             adapters=frozenset(stats.get("adapters", ())),
             num_routed=self._num_routed.get(replica.replica_id, 0),
         )

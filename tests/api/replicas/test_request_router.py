@@ -93,6 +93,25 @@ def test_a_request_leaves_the_queue_when_serve_reports_it_complete() -> None:
     asyncio.run(scenario())
 
 
+def test_a_stale_queue_length_in_serves_cache_does_not_make_an_idle_replica_look_busy() -> None:
+    """Serve's cache still says replica 0 holds 3 requests (its figure from a burst that ended), this
+    router has seen every one of them complete: two unrelated prompts go to both replicas."""
+    async def scenario() -> None:
+        router, replicas = new_router(threshold=10)
+        for i in range(3):
+            request = pending(f"old{i}", (b"old",))
+            router.on_request_routed(request, replicas[0].replica_id, None)
+        router.on_new_queue_len_info(replicas[0].replica_id, 3)
+        for i in range(3):
+            router.on_request_completed(replicas[0].replica_id, f"old{i}")
+        assert router.replica_queue_len_cache.get(replicas[0].replica_id) == 3
+        first = await send(router, replicas, "b0", (b"q1", b"q2"))
+        second = await send(router, replicas, "b1", (b"r1", b"r2"))
+        assert {first, second} == {replicas[0].replica_id, replicas[1].replica_id}
+
+    asyncio.run(scenario())
+
+
 def test_ongoing_requests_follow_serve_and_forget_cancelled_ones() -> None:
     ongoing = OngoingRequests()
     cancelled = {"x": False, "y": False}
