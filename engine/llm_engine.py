@@ -92,10 +92,11 @@ class LLMEngine:
         if start_compile and compiled_decode is not None:
             compiled_decode.start_warm_up(self.runner.kv_caches, self.runner.scratch_block)
         self.block_pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        chunk_cap = _cap(config.long_prefill_token_threshold, DEFAULT_CPU_LONG_PREFILL_TOKENS, device)
+        admission_cap = _cap(config.max_prefill_tokens_per_step, DEFAULT_CPU_PREFILL_TOKENS_PER_STEP, device)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len,
-                            _long_prefill_cap(config, device), _admission_cap(config, device)),
-            self.block_pool, self.lora)
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, max_model_len, chunk_cap,
+                            admission_cap), self.block_pool, self.lora)
         self.eos_token_ids: tuple[int, ...] = tuple(arch.eos_token_ids)
         self.sampler = Sampler(arch.vocab_size, self.eos_token_ids, config.seed)
         self.requests: dict[str, RequestState] = {}
@@ -468,16 +469,9 @@ class LLMEngine:
         return outputs
 
 
-def _long_prefill_cap(config: EngineConfig, device: torch.device) -> int:
-    """The per-sequence prefill chunk cap in tokens (0 = none); see EngineConfig."""
-    if config.long_prefill_token_threshold is not None:
-        return config.long_prefill_token_threshold
-    return DEFAULT_CPU_LONG_PREFILL_TOKENS if device.type == "cpu" else 0
-
-
-def _admission_cap(config: EngineConfig, device: torch.device) -> int:
-    """The prompt tokens past which a step admits no further waiting sequence (0 = none); see
-    EngineConfig.max_prefill_tokens_per_step."""
-    if config.max_prefill_tokens_per_step is not None:
-        return config.max_prefill_tokens_per_step
-    return DEFAULT_CPU_PREFILL_TOKENS_PER_STEP if device.type == "cpu" else 0
+def _cap(value: int | None, cpu_default: int, device: torch.device) -> int:
+    """A per-step token cap of EngineConfig (0 = none): `value` when set, else `cpu_default` on CPU
+    (where a step costs about its token count) and no cap elsewhere."""
+    if value is not None:
+        return value
+    return cpu_default if device.type == "cpu" else 0

@@ -90,7 +90,8 @@ def test_an_idle_connection_outlasts_the_clients_own_keep_alive(ops_server):
     conn = http.client.HTTPConnection(host, int(port), timeout=10)
     try:
         for idle_s in (5.5, 0):
-            conn.request("GET", "/health")   # on the same socket: http.client reconnects only after a close it was told of
+            # on the same socket: http.client reconnects only after a close it was told of
+            conn.request("GET", "/health")
             answer = conn.getresponse()
             answer.read()
             assert answer.status == 200

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from engine.block_pool import BlockPool
 from engine.config import DEFAULT_CPU_PREFILL_TOKENS_PER_STEP, EngineConfig
 from engine.errors import InvalidSamplingParams
-from engine.llm_engine import _admission_cap
+from engine.llm_engine import _cap
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, SeqStatus
@@ -93,7 +93,8 @@ def test_prefill_tokens_per_step_cap_admits_arrivals_in_turn():
             item.seq.token_ids.append(7)
     assert admitted == [[0, 1], [2, 3], [4]]
 
-    uncapped = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256), BlockPool(64, 4, True))
+    uncapped = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256),
+                         BlockPool(64, 4, True))
     for seq in [make_seq(i, list(range(10 * i, 10 * i + 6)), max_tokens=8) for i in range(5)]:
         uncapped.add(seq)
     assert len(uncapped.schedule().scheduled) == 5
@@ -110,10 +111,13 @@ def test_prefill_tokens_per_step_cap_admits_arrivals_in_turn():
 
 def test_the_engine_caps_prefill_tokens_per_step_on_cpu_only_unless_told():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert _admission_cap(EngineConfig(), cpu) == DEFAULT_CPU_PREFILL_TOKENS_PER_STEP == 64
-    assert _admission_cap(EngineConfig(), cuda) == 0
-    assert _admission_cap(EngineConfig(max_prefill_tokens_per_step=0), cpu) == 0
-    assert _admission_cap(EngineConfig(max_prefill_tokens_per_step=200), cuda) == 200
+    def admission_cap(config: EngineConfig, device: torch.device) -> int:
+        return _cap(config.max_prefill_tokens_per_step, DEFAULT_CPU_PREFILL_TOKENS_PER_STEP, device)
+
+    assert admission_cap(EngineConfig(), cpu) == DEFAULT_CPU_PREFILL_TOKENS_PER_STEP == 64
+    assert admission_cap(EngineConfig(), cuda) == 0
+    assert admission_cap(EngineConfig(max_prefill_tokens_per_step=0), cpu) == 0
+    assert admission_cap(EngineConfig(max_prefill_tokens_per_step=200), cuda) == 200
     with pytest.raises(InvalidSamplingParams, match="max_prefill_tokens_per_step"):
         EngineConfig(max_prefill_tokens_per_step=-1)
 
