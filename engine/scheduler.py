@@ -74,14 +74,20 @@ class Scheduler:
     of one (about half the mean and median TTFT), and the running sequences decode in between.
     SGLang's chunked_prefill_size likewise bounds a batch's new prefill tokens.
 
-    A step that admits a waiting sequence holds back the running sequences' forced runs (output
-    tokens the grammar appended without sampling, `engine/llm_engine.py`'s jump-forward, whose K/V
-    is computed as a multi-token query) to the next step, so the arrival's first forward carries
-    its own prefill and one-token decodes only: on CPU a step's forward costs about its token
-    count, and a tool call's fixed layout forces a run of ~10 tokens every few steps per sequence
-    (at concurrency 8 these doubled the arrival's first step). A forced run is held at most one
-    step in a row, and is scheduled after all when no waiting sequence is admitted after all.
-    SGLang likewise runs new prefills ahead of running requests' work (prefill-first batches).
+    A step that admits a waiting sequence holds back the running sequences' multi-token queries to
+    the next step, so the arrival's first forward carries its own prefill and one-token decodes:
+    on CPU a step's forward costs about its token count. Held are
+    - forced runs (output tokens the grammar appended without sampling, `engine/llm_engine.py`'s
+      jump-forward, whose K/V is computed as a multi-token query): no first token waits on them,
+      and a tool call's fixed layout forces a run of ~10 tokens every few steps per sequence (at
+      concurrency 8 these doubled the arrival's first step);
+    - the next chunk of a running prompt with more tokens left to compute than the step's arrivals
+      have (shortest first): a cache hit arriving while a cold 1,000-token prompt prefills in
+      256-token chunks otherwise waits for one chunk more than the step in progress, while a long
+      arrival does not overtake a running long prompt.
+    A query is held at most one step in a row, and is scheduled after all when no waiting sequence
+    is admitted after all. SGLang likewise runs new prefills ahead of running requests' work
+    (prefill-first batches).
     """
 
     def __init__(self, config: SchedulerConfig, block_pool: BlockPool, lora: LoraManager | None = None) -> None:
@@ -108,27 +114,27 @@ class Scheduler:
         held: list[ScheduledSeq] = []
         budget = self._schedule_running(out, self.config.max_num_batched_tokens,
                                         held if self._may_admit() else None)
-        num_admitted = 0
+        admitted_work = 0      # tokens the admitted arrivals have left to compute, this step's included
         if not out.preempted:
             num_running = len(out.scheduled)
             budget = self._schedule_waiting(out, budget)
-            num_admitted = len(out.scheduled) - num_running
-        if not num_admitted:   # nobody to keep the step light for
-            held = self._schedule_held(out, held)
+            admitted_work = sum(item.seq.num_tokens - item.seq.num_computed_tokens
+                                for item in out.scheduled[num_running:])
+        held = self._schedule_held(out, held, admitted_work)
         self._held = {item.seq.seq_id for item in held}
         out.scheduled.sort(key=self._batch_order)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int, held: list[ScheduledSeq] | None) -> int:
         """Schedule running sequences in admission order, preempting the most recently admitted one
-        when blocks run out; with `held` (a list), forced runs not held last step go there instead,
-        with the tokens they would have run (taken from the budget all the same, so holding never
-        changes what the others get). Returns the budget left."""
+        when blocks run out; with `held` (a list), multi-token queries (forced runs, prompt chunks)
+        not held last step go there instead, with the tokens they would have run (taken from the
+        budget all the same, so holding never changes what the others get). Returns the budget left."""
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
             num_new = self.config.chunk(seq.num_tokens - seq.num_computed_tokens, budget)
-            if held is not None and self._is_forced_run(seq) and seq.seq_id not in self._held:
+            if held is not None and num_new > 1 and seq.seq_id not in self._held:
                 held.append(ScheduledSeq(seq, num_new))
                 budget -= num_new
                 idx += 1
@@ -145,25 +151,30 @@ class Scheduler:
                 idx += 1
         return budget
 
-    def _schedule_held(self, out: SchedulerOutput, held: list[ScheduledSeq]) -> list[ScheduledSeq]:
-        """Schedule the held forced runs after all (no arrival was admitted), without preempting:
-        one whose blocks are not free waits for the next step. Returns those still not scheduled."""
+    def _schedule_held(self, out: SchedulerOutput, held: list[ScheduledSeq], admitted_work: int) -> list[ScheduledSeq]:
+        """Schedule the held queries that need not yield to this step's arrivals (`admitted_work`:
+        the tokens those have left to compute, 0 when none was admitted), without preempting: one
+        whose blocks are not free waits for the next step. Returns those still not scheduled."""
         left: list[ScheduledSeq] = []
         for item in held:
             if item.seq.status is not SeqStatus.RUNNING:      # preempted meanwhile: recomputed later
                 continue
-            if self.block_pool.allocate_slots(item.seq, item.num_scheduled_tokens):
+            if not self._yields(item.seq, admitted_work) and self.block_pool.allocate_slots(
+                    item.seq, item.num_scheduled_tokens):
                 out.scheduled.append(item)
             else:
                 left.append(item)
         return left
 
     @staticmethod
-    def _is_forced_run(seq: Sequence) -> bool:
-        """True when `seq`'s prompt is computed and more than one output token awaits its K/V: the
-        grammar's jump-forward appended them (or a preempted sequence recomputes its output)."""
-        return (seq.num_computed_tokens >= seq.num_prompt_tokens
-                and seq.num_tokens - seq.num_computed_tokens > 1)
+    def _yields(seq: Sequence, admitted_work: int) -> bool:
+        """Whether `seq`'s multi-token query waits a step for arrivals with `admitted_work` tokens
+        left: always past its prompt (a forced run, or a preempted sequence recomputing its output:
+        no first token waits on it), and in its prompt when it has more left than they do."""
+        if not admitted_work:
+            return False
+        left = seq.num_tokens - seq.num_computed_tokens
+        return seq.num_computed_tokens >= seq.num_prompt_tokens or left > admitted_work
 
     def _may_admit(self) -> bool:
         """Whether this step may admit a waiting sequence (a batch slot is free and one is not

@@ -63,6 +63,10 @@ inline void half_dot(const uint8_t* w, const uint16_t* scales, const uint16_t* z
   for (int64_t g = 0; g < K / kGroup; ++g) {
     __m256i dot[MR];
     for (int m = 0; m < MR; ++m) dot[m] = _mm256_setzero_si256();
+    // not unrolled: unrolled, GCC sums the 4 vectors' 32 products in another order and keeps them
+    // all live, spilling about half to the stack (a row's result is the same either way: int16 sums
+    // are exact here); rolled, a 248-row product ran about 15% faster on one Zen 3 thread
+#pragma GCC unroll 1
     for (int o = 0; o < 4; ++o) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (g * 4 + o) * kVector));
       const __m256i lo = _mm256_and_si256(v, nibble);

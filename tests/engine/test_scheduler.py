@@ -105,8 +105,8 @@ def test_prefill_tokens_per_step_cap_admits_arrivals_in_turn():
     long.add(make_seq(0, list(range(40)), max_tokens=2))
     long.update_after_step(long.schedule())          # the long prompt's first chunk of 12
     long.add(make_seq(1, list(range(100, 106)), max_tokens=2))
-    out = long.schedule()
-    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 12, 1: 6}
+    out = long.schedule()            # admitted beside the running chunk, which yields it the step
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {1: 6}
 
 
 def test_the_engine_caps_prefill_tokens_per_step_on_cpu_only_unless_told():
@@ -284,5 +284,48 @@ def test_a_forced_run_is_scheduled_when_the_waiting_arrival_cannot_be_admitted()
     out = sched.schedule()
     assert follower.status is SeqStatus.WAITING
     assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 1, 1: 5, 2: 10}
+    sched.update_after_step(out)
+    sched.check_invariants()
+
+
+def _running_long_prompt(sched: Scheduler) -> Sequence:
+    """A running sequence 8 tokens into a 40-token prompt (chunks of 8)."""
+    long = make_seq(0, list(range(100, 140)), max_tokens=5)
+    sched.add(long)
+    fake_step(sched)
+    assert long.num_computed_tokens == 8
+    return long
+
+
+def _long_prompt_scheduler() -> Scheduler:
+    pool = BlockPool(64, 4, True)
+    return Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256,
+                                     long_prefill_token_threshold=8), pool)
+
+
+def test_a_short_arrival_runs_ahead_of_a_long_prompts_next_chunk_once():
+    sched = _long_prompt_scheduler()
+    long = _running_long_prompt(sched)
+    short = make_seq(1, [1, 2, 3, 4, 5], max_tokens=5)
+    sched.add(short)
+    out = sched.schedule()
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {1: 5}, \
+        "the arrival's first step carries its 5 tokens, not the long prompt's next 8"
+    sched.update_after_step(out)
+    short.token_ids.append(7)
+    sched.add(make_seq(2, [6, 7, 8], max_tokens=5))
+    out = sched.schedule()                    # another short arrival: the chunk is not held twice
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 8, 1: 1, 2: 3}
+    sched.update_after_step(out)
+    assert long.num_computed_tokens == 16
+    sched.check_invariants()
+
+
+def test_a_long_arrival_does_not_overtake_a_running_prompt():
+    sched = _long_prompt_scheduler()
+    _running_long_prompt(sched)
+    sched.add(make_seq(1, list(range(200, 240)), max_tokens=5))   # 40 left against the runner's 32
+    out = sched.schedule()
+    assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 8, 1: 8}
     sched.update_after_step(out)
     sched.check_invariants()
