@@ -128,17 +128,15 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int, held: list[ScheduledSeq] | None) -> int:
         """Schedule running sequences in admission order, preempting the most recently admitted one
         when blocks run out; with `held` (a list), multi-token queries (forced runs, prompt chunks)
-        not held last step go there instead, with the tokens they would have run (taken from the
-        budget all the same, so holding never changes what the others get). Returns the budget left."""
+        not held last step go there instead, with the tokens they would have run. A held query
+        keeps both: its budget (so holding never changes what the others get) and its KV slots,
+        allocated here as if it ran, so an arrival can only take blocks nobody running needs (no
+        preemption next step for blocks an arrival took, and a held query can always run after
+        all: a step never ends up empty). Returns the budget left."""
         idx = 0
         while idx < len(self.running) and budget > 0:
             seq = self.running[idx]
             num_new = self.config.chunk(seq.num_tokens - seq.num_computed_tokens, budget)
-            if held is not None and num_new > 1 and seq.seq_id not in self._held:
-                held.append(ScheduledSeq(seq, num_new))
-                budget -= num_new
-                idx += 1
-                continue
             while not self.block_pool.allocate_slots(seq, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -146,24 +144,19 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.scheduled.append(ScheduledSeq(seq, num_new))
+                holds = held is not None and num_new > 1 and seq.seq_id not in self._held
+                (held if holds else out.scheduled).append(ScheduledSeq(seq, num_new))
                 budget -= num_new
                 idx += 1
         return budget
 
     def _schedule_held(self, out: SchedulerOutput, held: list[ScheduledSeq], admitted_work: int) -> list[ScheduledSeq]:
-        """Schedule the held queries that need not yield to this step's arrivals (`admitted_work`:
-        the tokens those have left to compute, 0 when none was admitted), without preempting: one
-        whose blocks are not free waits for the next step. Returns those still not scheduled."""
+        """Schedule the held queries (their slots already allocated) that need not yield to this
+        step's arrivals (`admitted_work`: the tokens those have left to compute, 0 when none was
+        admitted). Returns those still held; they keep their slots for the next step."""
         left: list[ScheduledSeq] = []
         for item in held:
-            if item.seq.status is not SeqStatus.RUNNING:      # preempted meanwhile: recomputed later
-                continue
-            if not self._yields(item.seq, admitted_work) and self.block_pool.allocate_slots(
-                    item.seq, item.num_scheduled_tokens):
-                out.scheduled.append(item)
-            else:
-                left.append(item)
+            (left if self._yields(item.seq, admitted_work) else out.scheduled).append(item)
         return left
 
     @staticmethod

@@ -329,3 +329,32 @@ def test_a_long_arrival_does_not_overtake_a_running_prompt():
     assert {s.seq.seq_id: s.num_scheduled_tokens for s in out.scheduled} == {0: 8, 1: 8}
     sched.update_after_step(out)
     sched.check_invariants()
+
+
+def test_held_chunks_keep_their_slots_so_no_step_is_empty_on_a_full_cache():
+    """Two long prompts fill the cache in chunks; a short arrival comes when no block is free.
+    The held chunks' slots are allocated before admission, so the arrival cannot take them and
+    every step runs something (a held chunk without blocks once made the step empty, and the
+    engine idled on its inbox)."""
+    pool = BlockPool(96, 16, True)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=1536,
+                                      long_prefill_token_threshold=256, max_prefill_tokens_per_step=64), pool)
+    seqs = [make_seq(i, list(range(10_000 * (i + 1), 10_000 * (i + 1) + n)), max_tokens=8)
+            for i, n in enumerate((1324, 1061, 80))]
+    sched.add(seqs[0])
+    sched.add(seqs[1])
+    for step in range(200):
+        if step == 4:
+            sched.add(seqs[2])
+        if not sched.has_work():
+            break
+        out = sched.schedule()
+        assert out.scheduled or out.preempted, f"step {step} ran nothing"
+        sampling = [item.seq for item in out.scheduled if item.samples]
+        sched.update_after_step(out)
+        for seq in sampling:
+            seq.token_ids.append(7)
+            if seq.num_output_tokens >= seq.sampling_params.max_tokens:
+                sched.finish(seq, SeqStatus.FINISHED_LENGTH)
+        sched.check_invariants()
+    assert all(seq.status is SeqStatus.FINISHED_LENGTH for seq in seqs)
