@@ -10,7 +10,7 @@ from engine.config import DEFAULT_CPU_PREFILL_TOKENS_PER_STEP, EngineConfig
 from engine.errors import InvalidSamplingParams
 from engine.llm_engine import _cap
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerConfig
+from engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from engine.sequence import Sequence, SeqStatus
 
 
@@ -28,7 +28,11 @@ def make_seq(seq_id: int, prompt: list[int], max_tokens: int) -> Sequence:
 
 def fake_step(sched: Scheduler) -> list[Sequence]:
     """Schedule, pretend to run, append token 7 to sampling seqs, finish those at max_tokens."""
-    out = sched.schedule()
+    return fake_run(sched, sched.schedule())
+
+
+def fake_run(sched: Scheduler, out: SchedulerOutput) -> list[Sequence]:
+    """Pretend to run the planned step `out` as `fake_step` does; returns the sequences finished."""
     assert out.num_batched_tokens <= sched.config.max_num_batched_tokens
     sampling = [s.seq for s in out.scheduled if s.samples]
     sched.update_after_step(out)
@@ -350,11 +354,5 @@ def test_held_chunks_keep_their_slots_so_no_step_is_empty_on_a_full_cache():
             break
         out = sched.schedule()
         assert out.scheduled or out.preempted, f"step {step} ran nothing"
-        sampling = [item.seq for item in out.scheduled if item.samples]
-        sched.update_after_step(out)
-        for seq in sampling:
-            seq.token_ids.append(7)
-            if seq.num_output_tokens >= seq.sampling_params.max_tokens:
-                sched.finish(seq, SeqStatus.FINISHED_LENGTH)
-        sched.check_invariants()
+        fake_run(sched, out)
     assert all(seq.status is SeqStatus.FINISHED_LENGTH for seq in seqs)
