@@ -124,7 +124,7 @@ def load_model_weights(
 
 
 def prepare_cpu_kernels() -> bool:
-    """Load kernels/cpu_ops.py's C++ kernels (paged decode attention, the w4a8 and w8a16
+    """Load kernels/cpu_ops.py's C++ kernels (paged decode and prefill attention, the w4a8 and w8a16
     projections), building them the first time on a machine: the AVX-512 library where the CPU
     has AVX512-VNNI, the AVX2 one where it has AVX2 and FMA only. True when the AVX-512 library
     loaded; False, logged, otherwise (the torch paths serve what no loaded kernel covers)."""

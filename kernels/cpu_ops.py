@@ -6,8 +6,8 @@ loaded into torch's dispatcher, so eager code and compiled graphs call them as
 The library targets AVX-512 with VNNI (AVX512F/BW/VL, AVX512_VNNI): `cpu_supports_cpu_ops` says
 whether this CPU has it. A CPU with AVX2 and FMA but not those gets a second library of the same
 operator namespace built from kernels/cpu_avx2/*.cpp with the "common" operators, the ones both
-libraries define: today all of them, the paged decode attention and the w4a8 and w8a16
-projections (`load_common_ops`). One process loads one of the two, never both. Built once per
+libraries define: today all of them, the paged decode and prefill attention and the w4a8 and
+w8a16 projections (`load_common_ops`). One process loads one of the two, never both. Built once per
 source set, compiler command and torch version into `$XDG_CACHE_HOME/structserve/kernels`
 (`~/.cache/...` by default; `STRUCTSERVE_KERNEL_CACHE` overrides): its sources compiled side by
 side, about 14 s the first time on the project's 2-core box (the Makefile's install step does it through `main`), then a file load. Each kernel module
@@ -69,7 +69,7 @@ def cpu_supports_cpu_ops() -> bool:
 
 
 def cpu_supports_common_ops() -> bool:
-    """Whether this CPU runs the common operators (paged decode attention, w4a8 and w8a16
+    """Whether this CPU runs the common operators (paged decode and prefill attention, w4a8 and w8a16
     projections): the AVX-512 library's, or the AVX2 one's."""
     return _cpu_has(REQUIRED_FLAGS) or _cpu_has(AVX2_REQUIRED_FLAGS)
 
@@ -90,7 +90,7 @@ def cpu_ops_loaded() -> bool:
 
 def common_ops_loaded() -> bool:
     """True once either library, and so the common operators (`torch.ops.structserve_cpu.
-    paged_decode_attention`, `.w4a8_linear`, `.w8a16_linear`), is loaded."""
+    paged_decode_attention`, `.paged_prefill_attention`, `.w4a8_linear`, `.w8a16_linear`), is loaded."""
     return bool(_loaded or _avx2_loaded)
 
 

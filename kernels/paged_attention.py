@@ -156,16 +156,40 @@ def paged_decode_attention(
     (kernels/cpu/paged_decode.cpp, or kernels/cpu_avx2/paged_decode.cpp on an AVX2 CPU without
     AVX-512: one task per sequence and KV head, each K and V row read once) where one of
     kernels/cpu_ops.py's libraries is loaded and q and the caches are float32 CPU tensors with
-    head_dim a multiple of 16 (at most 256) and at most 8 query heads per KV head; else
-    `paged_decode_reduction`. Both give `paged_attention_ref`'s numbers on an all-decode batch
+    head_dim a multiple of 16 (at most 256) and at most 8 query heads per KV head (rows that are
+    consecutive tokens of one query, as `ModelRunner.prepare` lays out a prefill chunk or a forced
+    run for the compiled step, go to `paged_prefill_attention`'s tiles there, which read each K/V
+    row once per 16 tokens instead of once per token); else `paged_decode_reduction`. Both give `paged_attention_ref`'s numbers on an all-decode batch
     (float32 rounding). torch.compile traces the choice once per graph."""
     if _cpu_kernel_fits(q, k_cache):
         return torch.ops.structserve_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return paged_decode_reduction(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+def paged_prefill_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim], the prefills' query rows one after the other
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32, padded with -1
+    cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32, from 0 to num_tokens
+    seq_lens: torch.Tensor,  # [num_seqs] int32, KV length after the step
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of prefill query rows over their sequences' paged K/V, read in place from
+    the block tables: `[num_tokens, num_heads, head_dim]` float32, the numbers of `paged_attention_ref`
+    with `num_decodes=0` (float32 rounding). The C++ kernel
+    `torch.ops.structserve_cpu.paged_prefill_attention` (kernels/cpu/paged_prefill.h: one task per
+    sequence, KV head and 16 query tokens, FlashAttention's online softmax over tiles of 64 keys,
+    no gather of the contexts and no mask tensor); it needs `_cpu_kernel_fits` (a loaded library,
+    float32 CPU tensors, head_dim a multiple of 16 up to 256, at most 8 query heads per KV head)
+    and raises RuntimeError otherwise. Sequences with no query rows are allowed."""
+    return torch.ops.structserve_cpu.paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
+                                                           scale)
+
+
 def _cpu_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether `paged_decode_attention`'s C++ kernel takes these tensors."""
+    """Whether the C++ attention kernels (`paged_decode_attention`, `paged_prefill_attention`) take
+    these tensors."""
     head_dim, group = q.shape[-1], q.shape[1] // k_cache.shape[2]
     return (common_ops_loaded() and q.device.type == "cpu" and q.dtype == torch.float32
             and k_cache.dtype == torch.float32 and head_dim % 16 == 0 and head_dim <= 256 and group <= 8)
@@ -203,9 +227,13 @@ def paged_decode_reduction(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 
 def _register_fake() -> None:
-    """Shapes for torch.compile's tracing of the C++ kernel: the output is shaped like q."""
+    """Shapes for torch.compile's tracing of the C++ kernels: the output is shaped like q."""
     @torch.library.register_fake("structserve_cpu::paged_decode_attention")
     def _(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("structserve_cpu::paged_prefill_attention")
+    def _(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -368,18 +396,23 @@ def paged_attention(
     num_decodes: int,
     scale: float,
 ) -> torch.Tensor:
-    """Paged causal attention, `[num_tokens, num_heads, head_dim]`: Triton on CUDA tensors; on CPU
-    the decodes through `paged_decode_attention`'s C++ kernel where it fits (no gather of their
-    blocks) and the prefills as `paged_attention_ref` runs them; `paged_attention_ref` otherwise
-    (see there for the contract)."""
+    """Paged causal attention, `[num_tokens, num_heads, head_dim]`: Triton on CUDA tensors; on CPU,
+    where the C++ kernels fit (`_cpu_kernel_fits`), the decodes through `paged_decode_attention`
+    and the prefills through `paged_prefill_attention` (neither gathers its blocks);
+    `paged_attention_ref` otherwise (see there for the contract)."""
     if q.is_cuda and triton is not None:
         return paged_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, query_lens,
                                       seq_lens_list, num_decodes, scale)
-    if num_decodes > 0 and _cpu_kernel_fits(q, k_cache):
+    if _cpu_kernel_fits(q, k_cache):
+        if num_decodes == 0:
+            return paged_prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale)
         out = torch.empty_like(q)
         out[:num_decodes] = torch.ops.structserve_cpu.paged_decode_attention(
             q[:num_decodes], k_cache, v_cache, block_tables[:num_decodes], seq_lens[:num_decodes], scale)
-        _prefill_ref(q, k_cache, v_cache, block_tables, query_lens, seq_lens_list, num_decodes, scale, out)
+        if num_decodes < len(query_lens):
+            out[num_decodes:] = paged_prefill_attention(
+                q[num_decodes:], k_cache, v_cache, block_tables[num_decodes:],
+                cu_seqlens_q[num_decodes:] - num_decodes, seq_lens[num_decodes:], scale)
         return out
     return paged_attention_ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, query_lens, seq_lens_list,
                                num_decodes, scale)

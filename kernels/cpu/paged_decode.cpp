@@ -1,7 +1,9 @@
 // structserve_cpu::paged_decode_attention: one query token per sequence against that sequence's
 // keys, read in place from the paged cache through its block table (no gather of the contexts).
 // Contract and torch reference: kernels/paged_attention.py (`paged_attention_ref` on an all-decode
-// batch; `paged_decode_attention` picks this kernel). The checks, tasks and merge: paged_decode_tasks.h.
+// batch; `paged_decode_attention` picks this kernel). The checks, tasks and merge: paged_decode_tasks.h,
+// which also sends the rows of a multi-token query laid out one row per token (the compiled step's
+// prefill chunks and grammar-forced runs) to the prefill kernel's tiles (paged_prefill.h).
 //
 // Layout: q [num_seqs, num_heads, head_dim] float32; k_cache / v_cache [num_blocks, block_size,
 // num_kv_heads, head_dim] float32, contiguous; block_tables [num_seqs, width] int32 (-1 padded);

@@ -1,8 +1,10 @@
 // The instruction-set-free part of structserve_cpu::paged_decode_attention, shared by the AVX-512
 // kernel (kernels/cpu/paged_decode.cpp) and the AVX2 one (kernels/cpu_avx2/paged_decode.cpp):
 // argument checks, the split of a step into tasks of (sequence, KV head, chunk of kChunkKeys keys),
-// their run on torch's thread pool, and the merge of a split sequence's chunks. Contract and torch
-// reference: kernels/paged_attention.py (`paged_decode_attention`, `paged_attention_ref`).
+// their run on torch's thread pool, and the merge of a split sequence's chunks. Rows that are
+// consecutive tokens of one query (see `query_run_end`) go to the prefill kernel's tiles instead
+// (paged_prefill.h). Contract and torch reference: kernels/paged_attention.py
+// (`paged_decode_attention`, `paged_attention_ref`).
 
 #pragma once
 
@@ -18,11 +20,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "paged_prefill.h"
+
 namespace structserve_cpu {
 
 constexpr int kMaxGroup = 8;          // query heads per KV head
 constexpr int kMaxChunks = 16;        // head_dim / 16
 constexpr int64_t kChunkKeys = 512;   // keys per task when a sequence is split between threads
+constexpr int64_t kMinQueryRun = 2;   // rows of one query that go to the prefill kernel together
 
 // One chunk's softmax state for the group's query heads (acc: group x head_dim floats).
 struct Partial {
@@ -61,6 +66,22 @@ inline void merge_chunks(const Partial* chunks, int64_t num_chunks, int64_t grou
     }
     for (int64_t d = 0; d < D; ++d) out[g * D + d] = sum[d] / total;
   }
+}
+
+// The end of the run of rows starting at `s` that are consecutive tokens of one query, as the
+// compiled step lays out a multi-token query (a prefill chunk, a grammar-forced run): one row per
+// token, each KV length one more than the row before, and every row's table equal to the next
+// row's over the blocks the row reads (so the last row's table serves the whole run). A decode's
+// row is a run of one: two sequences never agree on the block their next token is written to.
+inline int64_t query_run_end(const int32_t* len, const int32_t* tab, int64_t width, int64_t block_size, int64_t s,
+                             int64_t num_rows) {
+  int64_t e = s + 1;
+  while (e < num_rows && len[e] == len[e - 1] + 1 &&
+         std::equal(tab + (e - 1) * width, tab + (e - 1) * width + (len[e - 1] + block_size - 1) / block_size,
+                    tab + e * width)) {
+    ++e;
+  }
+  return e;
 }
 
 // The whole operator around `attend(const AttendArgs&, std::vector<float>& scores)` (scores: the
@@ -111,7 +132,14 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
   };
   std::vector<Merge> merges;
   int64_t num_partials = 0;
-  for (int64_t s = 0; s < S; ++s) {
+  std::vector<structserve_cpu_prefill::Task> query_tasks;
+  for (int64_t s = 0; s < S;) {
+    const int64_t run_end = query_run_end(len, tab, width, block_size, s, S);
+    if (run_end - s >= kMinQueryRun) {   // rows s .. run_end - 1: one query's tokens
+      structserve_cpu_prefill::add_query_tasks(query_tasks, tab + (run_end - 1) * width, s, len[s] - 1, run_end - s, KVH);
+      s = run_end;
+      continue;
+    }
     const int64_t chunks = (len[s] + kChunkKeys - 1) / kChunkKeys;
     for (int64_t h = 0; h < KVH; ++h) {
       if (chunks > 1) merges.push_back(Merge{s, h, num_partials, chunks});
@@ -120,6 +148,11 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
                              chunks > 1 ? num_partials++ : -1});
       }
     }
+    ++s;
+  }
+  if (!query_tasks.empty()) {
+    structserve_cpu_prefill::run_tasks(
+        structserve_cpu_prefill::Call{qp, kp, vp, op, H, group, D, block_size, row_stride, fscale}, query_tasks);
   }
   std::vector<float> partial_acc(static_cast<size_t>(num_partials * group * D));
   std::vector<Partial> partials(static_cast<size_t>(num_partials));

@@ -4,8 +4,9 @@
 // query token per sequence against its keys read in place through its block table, one task per
 // (sequence, KV head, chunk of 512 keys), the group's query heads sharing each K and V row as it
 // is loaded, an exact softmax per task in float32 and the split sequence's chunks merged in order;
-// a row's result never depends on the batch around it. Vectors of 8 floats: a head_dim chunk of 16
-// is two of them. Torch reference: kernels/paged_attention.py (`paged_attention_ref`).
+// a row's result never depends on the batch around it; a multi-token query's rows go to the
+// prefill kernel's tiles (paged_decode_tasks.h). Vectors of 8 floats: a head_dim chunk of 16 is
+// two of them. Torch reference: kernels/paged_attention.py (`paged_attention_ref`).
 
 #include <immintrin.h>
 
@@ -14,12 +15,14 @@
 #include <vector>
 
 #include "../cpu/paged_decode_tasks.h"
+#include "avx2_exp.h"
 
 namespace {
 
 using structserve_cpu::AttendArgs;
 using structserve_cpu::kMaxGroup;
 using structserve_cpu::run_paged_decode;
+using structserve_cpu_avx2::exp_ps;
 
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -31,27 +34,6 @@ inline float hmax(__m256 v) {
   const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
-}
-
-// exp(x) for x <= 0 (or -inf) as 2^n * 2^f, n = round(x log2 e), |f| <= 1/2, 2^f by its Taylor
-// polynomial of degree 7 (relative error below 1e-8 on that range), 2^n built in the exponent
-// bits; x below -87.3 (2^n under the smallest normal float) gives 0: at most 1e-38 of the max's 1.
-inline __m256 exp_ps(__m256 x) {
-  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-  const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
-  const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(t, n);
-  __m256 p = _mm256_set1_ps(1.525273380405984e-05f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393381606e-04f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618129107628477e-03f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550410866482158e-02f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402265069591007e-01f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471805599453e-01f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
 // One task (see AttendArgs) for head_dim = NV * 8.
