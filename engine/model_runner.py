@@ -32,7 +32,11 @@ Measured on SmolLM2 (int4/bf16, 2-core box, in-process step time eager -> compil
 8 forced runs of 11 tokens over 370 (33k keys) 88.4 -> 73.8 ms, over 1,000 (89k keys)
 133.4 -> 134.2 ms; 16 decodes + 8 forced runs of 8 tokens 130.3 -> 76.8 ms; one 40-token chunk
 after 300 cached tokens (12k keys) 42.1 -> 38.6 ms, one of 32 after 1,000 (33k keys)
-54.3 -> 57.9 ms, one of 128 after 300 (55k keys) 108.8 -> 114.2 ms."""
+54.3 -> 57.9 ms, one of 128 after 300 (55k keys) 108.8 -> 114.2 ms. Those figures predate the
+C++ decode operator's query runs (kernels/cpu/paged_decode_tasks.h): where it is loaded, the rows
+of one query go to the prefill kernel's tiles, which read the context once per 16 tokens on both
+paths, so the keys bound is conservative there; the torch reduction (no C++ kernels) still reads
+it once per token."""
 
 
 def runs_compiled(query_lens: list[int], seq_lens: list[int]) -> bool:

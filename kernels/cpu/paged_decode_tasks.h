@@ -132,11 +132,11 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
   };
   std::vector<Merge> merges;
   int64_t num_partials = 0;
-  std::vector<structserve_cpu_prefill::Task> query_tasks;
+  structserve_cpu_prefill::Plan query_plan;
   for (int64_t s = 0; s < S;) {
     const int64_t run_end = query_run_end(len, tab, width, block_size, s, S);
     if (run_end - s >= kMinQueryRun) {   // rows s .. run_end - 1: one query's tokens
-      structserve_cpu_prefill::add_query_tasks(query_tasks, tab + (run_end - 1) * width, s, len[s] - 1, run_end - s, KVH);
+      structserve_cpu_prefill::add_query_tasks(query_plan, tab + (run_end - 1) * width, s, len[s] - 1, run_end - s, KVH);
       s = run_end;
       continue;
     }
@@ -150,9 +150,9 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
     }
     ++s;
   }
-  if (!query_tasks.empty()) {
+  if (!query_plan.tasks.empty()) {
     structserve_cpu_prefill::run_tasks(
-        structserve_cpu_prefill::Call{qp, kp, vp, op, H, group, D, block_size, row_stride, fscale}, query_tasks);
+        structserve_cpu_prefill::Call{qp, kp, vp, op, H, group, D, block_size, row_stride, fscale}, query_plan);
   }
   std::vector<float> partial_acc(static_cast<size_t>(num_partials * group * D));
   std::vector<Partial> partials(static_cast<size_t>(num_partials));

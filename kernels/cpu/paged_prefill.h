@@ -12,7 +12,8 @@
 // context c = seq_len - query_len sees keys 0 .. c + j. Query head h reads KV head h / group.
 //
 // Tasks: (sequence, KV head, tile of kTileTokens query tokens), taken by the threads from a shared
-// counter, longest first. A task's rows are its tokens' `group` query heads (row r = token * group
+// counter, longest first; a tile over a long context is split into tasks of kSplitKeys keys whose
+// softmax states are merged afterwards (`add_query_tasks`). A task's rows are its tokens' `group` query heads (row r = token * group
 // + head), so each K and V value it reads serves every query head of the KV head. The algorithm
 // is the online softmax of FlashAttention (Dao et al., 2022, arXiv:2205.14135, Algorithm 1) over
 // tiles of kTileKeys keys, with every matrix kept "rows across lanes": the task's queries are
@@ -45,6 +46,7 @@ namespace structserve_cpu_prefill {
 
 constexpr int64_t kTileTokens = 16;   // query tokens per task
 constexpr int64_t kTileKeys = 64;     // keys per online-softmax step
+constexpr int64_t kSplitKeys = 1024;  // keys per task when a tile's keys are split between tasks
 constexpr int64_t kRowBlock = 16;     // rows per micro-kernel call (two vectors of 8)
 constexpr int64_t kMaxGroup = 8;
 constexpr int64_t kMaxHeadDim = 256;
@@ -59,22 +61,60 @@ struct Call {
   float scale;            // softmax scale
 };
 
-// Query tokens t0 .. t1 - 1 of one sequence's query for one KV head. The query's token j is q and
-// out row q_row + j and sees keys 0 .. context + j, read through `table`.
+// Query tokens t0 .. t1 - 1 of one sequence's query for one KV head, against keys k_begin ..
+// k_end - 1. The query's token j is q and out row q_row + j and sees keys 0 .. context + j, read
+// through `table`. A task of a split tile (partial >= 0) leaves its softmax state in the call's
+// partial buffer number `partial` instead of writing out.
 struct Task {
   const int32_t* table;
-  int64_t q_row, context, kv_head, t0, t1;
-  int64_t keys;   // keys its last token sees: context + t1
+  int64_t q_row, context, kv_head, t0, t1, k_begin, k_end, partial;
+};
+
+// A tile whose keys were split: its tasks' partial states first .. first + chunks - 1.
+struct Split {
+  int64_t q_row, kv_head, t0, t1, first, chunks;
+};
+
+// The tasks of one call, and its split tiles.
+struct Plan {
+  std::vector<Task> tasks;
+  std::vector<Split> splits;
+  int64_t num_partials = 0;
 };
 
 // Appends the tasks of one sequence's query of query_len tokens (none when it is 0): tiles of
-// kTileTokens tokens, each for every KV head. They depend only on the sequence.
-inline void add_query_tasks(std::vector<Task>& tasks, const int32_t* table, int64_t q_row, int64_t context,
-                            int64_t query_len, int64_t kv_heads) {
+// kTileTokens tokens, each for every KV head. A tile whose keys seen by all its rows (context +
+// t0 + 1) exceed kSplitKeys is split into tasks of kSplitKeys keys, the last one running to the
+// tile's end, so that a few tokens over a long context still keep every thread busy; every chunk
+// starts at a key all the tile's rows see. The split depends only on the sequence.
+inline void add_query_tasks(Plan& plan, const int32_t* table, int64_t q_row, int64_t context, int64_t query_len,
+                            int64_t kv_heads) {
   for (int64_t t0 = 0; t0 < query_len; t0 += kTileTokens) {
-    const int64_t t1 = std::min(query_len, t0 + kTileTokens);
-    for (int64_t h = 0; h < kv_heads; ++h) tasks.push_back(Task{table, q_row, context, h, t0, t1, context + t1});
+    const int64_t t1 = std::min(query_len, t0 + kTileTokens), keys = context + t1;
+    const int64_t chunks = std::max<int64_t>(1, (context + t0 + 1) / kSplitKeys);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      if (chunks == 1) {
+        plan.tasks.push_back(Task{table, q_row, context, h, t0, t1, 0, keys, -1});
+        continue;
+      }
+      plan.splits.push_back(Split{q_row, h, t0, t1, plan.num_partials, chunks});
+      for (int64_t c = 0; c < chunks; ++c) {
+        plan.tasks.push_back(Task{table, q_row, context, h, t0, t1, c * kSplitKeys,
+                                  c + 1 == chunks ? keys : (c + 1) * kSplitKeys, plan.num_partials++});
+      }
+    }
   }
+}
+
+// Rows of a tile of t tokens, padded to whole micro-kernel blocks.
+inline int64_t padded_rows(int64_t tokens, int64_t group) {
+  return (tokens * group + kRowBlock - 1) / kRowBlock * kRowBlock;
+}
+
+// A partial state's floats: maxima and sums of the (padded) rows, then O^T.
+inline int64_t partial_floats(int64_t group, int64_t head_dim) {
+  const int64_t rows = padded_rows(kTileTokens, group);
+  return rows * (2 + head_dim);
 }
 
 // A thread's buffers, reused across its tasks.
@@ -152,11 +192,11 @@ inline void values_times_probs(const float* const* v, int64_t n, int64_t d0, con
   }
 }
 
-inline void run_task(const Call& c, const Task& task, Scratch& s) {
+inline void run_task(const Call& c, const Task& task, Scratch& s, float* partials) {
   const int64_t D = c.head_dim, G = c.group, context = task.context;
   const float scale_log2 = c.scale * 1.44269504088896341f;   // scores in base 2
   const int64_t used_rows = (task.t1 - task.t0) * G;
-  const int64_t R = (used_rows + kRowBlock - 1) / kRowBlock * kRowBlock;   // rows, padded
+  const int64_t R = padded_rows(task.t1 - task.t0, G);
   s.qt.assign(static_cast<size_t>(D * R), 0.f);
   s.ot.assign(static_cast<size_t>(D * R), 0.f);
   s.st.resize(static_cast<size_t>(kTileKeys * R));
@@ -177,8 +217,8 @@ inline void run_task(const Call& c, const Task& task, Scratch& s) {
   }
   const int32_t* table = task.table;
   const int64_t first_masked = context + task.t0 + 1;   // keys below it are seen by every row
-  for (int64_t k0 = 0; k0 < task.keys; k0 += kTileKeys) {
-    const int64_t n = std::min(kTileKeys, task.keys - k0);
+  for (int64_t k0 = task.k_begin; k0 < task.k_end; k0 += kTileKeys) {
+    const int64_t n = std::min(kTileKeys, task.k_end - k0);
     for (int64_t t = 0; t < n; ++t) {
       const int64_t key = k0 + t;
       const int64_t slot = static_cast<int64_t>(table[key / c.block_size]) * c.block_size + key % c.block_size;
@@ -218,7 +258,7 @@ inline void run_task(const Call& c, const Task& task, Scratch& s) {
       _mm256_storeu_ps(s.l.data() + r, sum);
       _mm256_storeu_ps(s.alpha.data() + r, alpha);
     }
-    if (k0 > 0) {
+    if (k0 > task.k_begin) {
       for (int64_t d = 0; d < D; ++d) {
         float* o = s.ot.data() + d * R;
         for (int64_t r = 0; r < R; r += 8)
@@ -230,6 +270,13 @@ inline void run_task(const Call& c, const Task& task, Scratch& s) {
       for (int64_t d = 0; d < D; d += 4)
         values_times_probs(s.v_rows.data(), n, d, s.st.data() + rb, R, s.ot.data() + d * R + rb, R);
   }
+  if (task.partial >= 0) {   // m, l and O^T as they are, for merge_split
+    float* state = partials + task.partial * partial_floats(G, D);
+    std::copy(s.m.begin(), s.m.begin() + R, state);
+    std::copy(s.l.begin(), s.l.begin() + R, state + R);
+    std::copy(s.ot.begin(), s.ot.begin() + D * R, state + 2 * R);
+    return;
+  }
   for (int64_t r = 0; r < used_rows; ++r) {
     const int64_t token = task.t0 + r / G;
     float* orow = c.out + ((task.q_row + token) * c.heads + task.kv_head * G + r % G) * D;
@@ -238,21 +285,51 @@ inline void run_task(const Call& c, const Task& task, Scratch& s) {
   }
 }
 
-// Runs `tasks` on torch's threads, longest first, each thread taking the next from a shared
-// counter.
-inline void run_tasks(const Call& call, std::vector<Task>& tasks) {
+// Writes a split tile's rows from its chunks' states (in chunk order): out = sum_c O_c 2^(m_c - M)
+// / sum_c l_c 2^(m_c - M), M = max_c m_c (the log-sum-exp merge of split-key "flash decoding";
+// every row saw keys in every chunk, so each m_c is finite).
+inline void merge_split(const Call& c, const Split& split, const float* partials) {
+  const int64_t D = c.head_dim, G = c.group, R = padded_rows(split.t1 - split.t0, G);
+  const int64_t stride = partial_floats(G, D);
+  const float* first = partials + split.first * stride;
+  std::vector<float> acc(static_cast<size_t>(D));
+  for (int64_t r = 0; r < (split.t1 - split.t0) * G; ++r) {
+    float top = -INFINITY;
+    for (int64_t k = 0; k < split.chunks; ++k) top = std::max(top, first[k * stride + r]);
+    float total = 0.f;
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t k = 0; k < split.chunks; ++k) {
+      const float* state = first + k * stride;
+      const float w = std::exp2(state[r] - top);
+      total += state[R + r] * w;
+      for (int64_t d = 0; d < D; ++d) acc[d] += state[2 * R + d * R + r] * w;
+    }
+    const int64_t token = split.t0 + r / G;
+    float* orow = c.out + ((split.q_row + token) * c.heads + split.kv_head * G + r % G) * D;
+    for (int64_t d = 0; d < D; ++d) orow[d] = acc[d] / total;
+  }
+}
+
+// Runs the plan's tasks on torch's threads, longest first, each thread taking the next from a
+// shared counter, then merges its split tiles.
+inline void run_tasks(const Call& call, Plan& plan) {
+  std::vector<Task>& tasks = plan.tasks;
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) {
-    return a.keys * (a.t1 - a.t0) > b.keys * (b.t1 - b.t0);
+    return (a.k_end - a.k_begin) * (a.t1 - a.t0) > (b.k_end - b.k_begin) * (b.t1 - b.t0);
   });
+  std::vector<float> partials(static_cast<size_t>(plan.num_partials * partial_floats(call.group, call.head_dim)));
   std::atomic<int64_t> next{0};
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), num_tasks);
   at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
     Scratch scratch;
     for (int64_t w = begin; w < end; ++w) {
-      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) run_task(call, tasks[i], scratch);
+      for (int64_t i = next.fetch_add(1); i < num_tasks; i = next.fetch_add(1)) {
+        run_task(call, tasks[i], scratch, partials.data());
+      }
     }
   });
+  for (const Split& split : plan.splits) merge_split(call, split, partials.data());
 }
 
 // The operator. Raises (TORCH_CHECK) on shapes, dtypes or tables outside the contract.
@@ -281,7 +358,7 @@ inline at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor&
   const int32_t* tab = tables.data_ptr<int32_t>();
   const int64_t width = tables.size(1), num_blocks = k_cache.size(0);
   TORCH_CHECK(cq[0] == 0 && cq[S] == T, "paged_prefill_attention: cu_seqlens_q must run from 0 to q's rows");
-  std::vector<Task> tasks;
+  Plan plan;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t query_len = cq[s + 1] - cq[s];
     TORCH_CHECK(query_len >= 0 && query_len <= len[s] && len[s] <= width * block_size,
@@ -290,12 +367,12 @@ inline at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor&
       TORCH_CHECK(tab[s * width + b] >= 0 && tab[s * width + b] < num_blocks,
                   "paged_prefill_attention: a block the context needs is not in the cache");
     }
-    add_query_tasks(tasks, tab + s * width, cq[s], len[s] - query_len, query_len, KVH);
+    add_query_tasks(plan, tab + s * width, cq[s], len[s] - query_len, query_len, KVH);
   }
   at::Tensor out = at::empty({T, H, D}, q.options());
   run_tasks(Call{qc.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), out.data_ptr<float>(),
                  H, H / KVH, D, block_size, KVH * D, static_cast<float>(scale)},
-            tasks);
+            plan);
   return out;
 }
 

@@ -30,6 +30,9 @@ CASES = {
     "mqa_group_8": (8, 1, 32, 8, [(20, 9), (1, 1), (24, 40)]),
     "gqa_head_dim_128": (8, 2, 128, 32, [(20, 50), (5, 3)]),
     "gqa_head_dim_256": (16, 2, 256, 16, [(70, 65)]),
+    # few tokens over a long context: a tile whose keys all its rows see reach 2 x 1,024 is split
+    # into tasks of 1,024 keys (the last one to its end) and their softmax states merged
+    "smollm2_split_keys": (9, 3, 64, 16, [(5, 2950), (37, 2100), (1, 2047), (3, 2047), (2, 3500), (16, 1008)]),
     # a sequence with no query rows this step (its rows are elsewhere in the step)
     "empty_query": (9, 3, 64, 16, [(8, 20), (0, 30), (9, 0)]),
 }
@@ -102,7 +105,7 @@ def test_keys_past_each_query_and_stale_blocks_are_never_read() -> None:
 def test_a_sequence_gets_the_same_bits_alone_in_any_batch_and_thread_count() -> None:
     """Tasks depend only on their own sequence: its rows are bitwise equal computed alone with one
     thread and inside a batch with two."""
-    batch = make_prefill_batch(9, 3, 64, 16, [(3, 100), (40, 328), (70, 5)])
+    batch = make_prefill_batch(9, 3, 64, 16, [(3, 100), (40, 328), (70, 2100)])
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
