@@ -41,6 +41,10 @@ CASES = {
     "mha": (4, 4, 16, 4, [5, 12, 3, 8]),
     "mqa": (8, 1, 32, 8, [9, 1, 24, 40]),
     "gqa_4_2_long": (4, 2, 16, 16, [500, 7]),
+    # the AVX2 kernel's value accumulators go 64 columns at a time, then the rest (48: 6 vectors);
+    # its scores 8 keys at a time, then one by one (13, 100)
+    "gqa_head_dim_48": (4, 2, 48, 16, [33, 9]),
+    "gqa_head_dim_256": (8, 2, 256, 16, [13, 100]),
     # the kernel splits a sequence into tasks of 512 keys and merges their softmax states: one
     # chunk exactly, one key past it, three chunks, beside a short sequence
     "smollm2_split_keys": (9, 3, 64, 16, [512, 513, 1500, 20]),
