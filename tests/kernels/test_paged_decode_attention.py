@@ -8,8 +8,6 @@ Tolerance: float32 within 1e-5 of the reference (observed ~5e-7); bfloat16 cache
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from kernels.paged_attention import (
     write_kv_ref,
     write_kv_scratch,
 )
+from tests.kernels.paged_batches import poison_unread_slots, shuffled_block_tables
 
 
 def cpu_kernel(q, k_cache, v_cache, block_tables, seq_lens, scale) -> torch.Tensor:
@@ -56,15 +55,8 @@ def make_decode_batch(num_heads: int, num_kv_heads: int, head_dim: int, block_si
     """A decode batch over a cache of random blocks handed out in shuffled order (no sequence's
     blocks are contiguous), with block tables padded by `extra_columns` of -1 past the widest."""
     gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 4
-    order = list(range(num_blocks))
-    random.Random(seed).shuffle(order)
+    tables, num_blocks = shuffled_block_tables(seq_lens, block_size, extra_columns, seed)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    width = max(blocks_per_seq) + extra_columns
-    tables = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
-    for i, n in enumerate(blocks_per_seq):
-        tables[i, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
     return {
         "q": torch.randn(len(seq_lens), num_heads, head_dim, generator=gen).to(dtype),
         "k_cache": torch.randn(shape, generator=gen).to(dtype),   # unused slots hold garbage
@@ -106,15 +98,7 @@ def test_padding_columns_and_stale_blocks_are_never_read(impl) -> None:
     multiplied by a zero weight there, so they need to be finite, as every cache write is)."""
     batch = make_decode_batch(9, 3, 64, 16, [17, 40, 5], extra_columns=3)
     expected = reference(batch)
-    used = set()
-    for row, n in zip(batch["block_tables"].tolist(), batch["seq_lens"].tolist()):
-        last = row[(n - 1) // 16]
-        batch["k_cache"][last, (n - 1) % 16 + 1:] = float("nan")
-        batch["v_cache"][last, (n - 1) % 16 + 1:] = 1e6
-        used.update(b for b in row if b >= 0)
-    for block in set(range(batch["k_cache"].shape[0])) - used:
-        batch["k_cache"][block] = float("nan")
-        batch["v_cache"][block] = -1e6
+    poison_unread_slots(batch)
     torch.testing.assert_close(decode(impl, batch), expected, atol=1e-5, rtol=0)
 
 

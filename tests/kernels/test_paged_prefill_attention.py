@@ -7,13 +7,12 @@ Tolerance: float32 within 1e-5 of the reference (observed ~2e-6 at head_dim 256)
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from kernels.cpu_ops import cpu_supports_common_ops, load_common_ops
 from kernels.paged_attention import paged_attention, paged_attention_ref, paged_prefill_attention
+from tests.kernels.paged_batches import poison_unread_slots, shuffled_block_tables
 
 pytestmark = pytest.mark.skipif(not cpu_supports_common_ops(),
                                 reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ attention kernels")
@@ -44,14 +43,8 @@ def make_prefill_batch(num_heads: int, num_kv_heads: int, head_dim: int, block_s
     blocks handed out in shuffled order, block tables padded by `extra_columns` of -1."""
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [q + c for q, c in lens]
-    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(blocks_per_seq) + 4
-    order = list(range(num_blocks))
-    random.Random(seed).shuffle(order)
+    tables, num_blocks = shuffled_block_tables(seq_lens, block_size, extra_columns, seed)
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    tables = torch.full((len(lens), max(blocks_per_seq) + extra_columns), -1, dtype=torch.int32)
-    for i, n in enumerate(blocks_per_seq):
-        tables[i, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
     query_lens = [q for q, _ in lens]
     return {
         "q": torch.randn(sum(query_lens), num_heads, head_dim, generator=gen),
@@ -90,15 +83,7 @@ def test_keys_past_each_query_and_stale_blocks_are_never_read() -> None:
     causal future of a query (written after the reference ran) leave the result unchanged."""
     batch = make_prefill_batch(9, 3, 64, 16, [(17, 23), (40, 0), (5, 60)], extra_columns=3)
     expected = reference(batch)
-    used = set()
-    for row, n in zip(batch["block_tables"].tolist(), batch["seq_lens"].tolist()):
-        last = row[(n - 1) // 16]
-        batch["k_cache"][last, (n - 1) % 16 + 1:] = float("nan")
-        batch["v_cache"][last, (n - 1) % 16 + 1:] = 1e6
-        used.update(b for b in row if b >= 0)
-    for block in set(range(batch["k_cache"].shape[0])) - used:
-        batch["k_cache"][block] = float("nan")
-        batch["v_cache"][block] = -1e6
+    poison_unread_slots(batch)
     torch.testing.assert_close(kernel(batch), expected, atol=1e-5, rtol=0)
 
 
