@@ -70,15 +70,14 @@ inline void merge_chunks(const Partial* chunks, int64_t num_chunks, int64_t grou
 
 // The end of the run of rows starting at `s` that are consecutive tokens of one query, as the
 // compiled step lays out a multi-token query (a prefill chunk, a grammar-forced run): one row per
-// token, each KV length one more than the row before, and every row's table equal to the next
-// row's over the blocks the row reads (so the last row's table serves the whole run). A decode's
-// row is a run of one: two sequences never agree on the block their next token is written to.
-inline int64_t query_run_end(const int32_t* len, const int32_t* tab, int64_t width, int64_t block_size, int64_t s,
-                             int64_t num_rows) {
+// token, each KV length one more than the row before, and the same whole table row. Two
+// sequences can agree on the blocks a row reads (a shared prefix, the last prompt token of a full
+// prefix-cache hit written again into a shared block), but never on a whole table row: each
+// writes its next tokens to a block of its own (or has -1 where the other has one). So a run
+// never joins two sequences, and a row's numbers depend only on its own sequence.
+inline int64_t query_run_end(const int32_t* len, const int32_t* tab, int64_t width, int64_t s, int64_t num_rows) {
   int64_t e = s + 1;
-  while (e < num_rows && len[e] == len[e - 1] + 1 &&
-         std::equal(tab + (e - 1) * width, tab + (e - 1) * width + (len[e - 1] + block_size - 1) / block_size,
-                    tab + e * width)) {
+  while (e < num_rows && len[e] == len[e - 1] + 1 && std::equal(tab + (e - 1) * width, tab + e * width, tab + e * width)) {
     ++e;
   }
   return e;
@@ -101,6 +100,7 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
               "paged_decode_attention: block_tables [S, W] and seq_lens [S] must be int32");
   const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2);
+  TORCH_CHECK(block_size > 0 && KVH > 0, "paged_decode_attention: the caches need blocks of at least one slot and a KV head");
   TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D / 16 <= kMaxChunks,
               "paged_decode_attention: head_dim must match the cache and be a multiple of 16 up to 256");
   TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, "paged_decode_attention: at most 8 query heads per KV head");
@@ -134,7 +134,7 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
   int64_t num_partials = 0;
   structserve_cpu_prefill::Plan query_plan;
   for (int64_t s = 0; s < S;) {
-    const int64_t run_end = query_run_end(len, tab, width, block_size, s, S);
+    const int64_t run_end = query_run_end(len, tab, width, s, S);
     if (run_end - s >= kMinQueryRun) {   // rows s .. run_end - 1: one query's tokens
       structserve_cpu_prefill::add_query_tasks(query_plan, tab + (run_end - 1) * width, s, len[s] - 1, run_end - s, KVH);
       s = run_end;

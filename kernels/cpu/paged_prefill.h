@@ -119,7 +119,8 @@ inline int64_t partial_floats(int64_t group, int64_t head_dim) {
 
 // A thread's buffers, reused across its tasks.
 struct Scratch {
-  std::vector<float> qt, st, ot, limit, m, l, alpha;
+  std::vector<float> qt, st, ot, m, l, alpha;
+  std::vector<int32_t> limit;   // per row: the keys it sees (compared as integers: exact past 2^24)
   std::vector<const float*> k_rows, v_rows;
 };
 
@@ -210,7 +211,7 @@ inline void run_task(const Call& c, const Task& task, Scratch& s, float* partial
   // zero queries and see every key of the task: finite, never stored.
   for (int64_t r = 0; r < R; ++r) {
     const int64_t token = r < used_rows ? task.t0 + r / G : task.t1 - 1;
-    s.limit[r] = static_cast<float>(context + token + 1);
+    s.limit[r] = static_cast<int32_t>(context + token + 1);
     if (r >= used_rows) continue;
     const float* qrow = c.q + ((task.q_row + token) * c.heads + task.kv_head * G + r % G) * D;
     for (int64_t d = 0; d < D; ++d) s.qt[d * R + r] = qrow[d] * scale_log2;
@@ -233,11 +234,12 @@ inline void run_task(const Call& c, const Task& task, Scratch& s, float* partial
     }
     if (k0 + n > first_masked) {   // causal mask: key k is hidden from rows whose limit is <= k
       for (int64_t t = 0; t < n; ++t) {
-        const __m256 key = _mm256_set1_ps(static_cast<float>(k0 + t));
+        const __m256i key = _mm256_set1_epi32(static_cast<int32_t>(k0 + t));
         float* row = s.st.data() + t * R;
         for (int64_t r = 0; r < R; r += 8) {
-          const __m256 hidden = _mm256_cmp_ps(key, _mm256_loadu_ps(s.limit.data() + r), _CMP_GE_OQ);
-          _mm256_storeu_ps(row + r, _mm256_blendv_ps(_mm256_loadu_ps(row + r), _mm256_set1_ps(-INFINITY), hidden));
+          const __m256i limit = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s.limit.data() + r));
+          const __m256 seen = _mm256_castsi256_ps(_mm256_cmpgt_epi32(limit, key));
+          _mm256_storeu_ps(row + r, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_loadu_ps(row + r), seen));
         }
       }
     }
@@ -346,6 +348,7 @@ inline at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor&
               "paged_prefill_attention: block_tables [S, W], cu_seqlens_q [S + 1] and seq_lens [S] must be int32");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = seq_lens.size(0);
   const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2);
+  TORCH_CHECK(block_size > 0 && KVH > 0, "paged_prefill_attention: the caches need blocks of at least one slot and a KV head");
   TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D <= kMaxHeadDim,
               "paged_prefill_attention: head_dim must match the cache and be a multiple of 16 up to 256");
   TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, "paged_prefill_attention: at most 8 query heads per KV head");

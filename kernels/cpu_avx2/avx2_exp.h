@@ -1,7 +1,8 @@
 // 2^x on 8 floats with AVX2 and FMA, for the attention kernels' softmax (kernels/cpu_avx2/
 // paged_decode.cpp, kernels/cpu/paged_prefill.h): 2^n * 2^f with n = round(x), |f| <= 1/2, 2^f by
 // its Taylor polynomial of degree 7 (relative error below 1e-8 on that range) and 2^n built in the
-// exponent bits. x below -126 (2^n under the smallest normal float), -inf included, gives 0.
+// exponent bits. x below -126 (2^n under the smallest normal float), -inf included, gives 0; NaN
+// gives NaN (as the torch reference's softmax does).
 
 #pragma once
 
@@ -11,7 +12,7 @@ namespace structserve_cpu_avx2 {
 
 inline __m256 exp2_ps(__m256 x) {
   const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-126.f), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-126.f));
+  x = _mm256_max_ps(_mm256_set1_ps(-126.f), x);   // NaN in x is kept: max_ps returns its second operand
   const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m256 f = _mm256_sub_ps(x, n);
   __m256 p = _mm256_set1_ps(1.525273380405984e-05f);

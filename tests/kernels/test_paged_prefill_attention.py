@@ -145,3 +145,38 @@ def test_the_decode_operator_runs_a_query_laid_out_as_rows_through_the_prefill_t
         batch["scale"])
     assert torch.equal(rows[1:41], prefill[1:41]) and torch.equal(rows[42:], prefill[42:])
     torch.testing.assert_close(rows, reference(batch), atol=1e-5, rtol=0)
+
+
+def test_a_decode_row_beside_a_sibling_sharing_its_blocks_keeps_its_own_bits() -> None:
+    """A sequence of 32 tokens (its last token written again into a shared full block, as a full
+    prefix-cache hit does) and one of 33 sharing those two blocks have consecutive lengths and
+    agree on every block the first reads: they are still two sequences, so the decode operator
+    gives the first the bits it gets alone."""
+    load_common_ops()
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache = torch.randn(6, 16, 3, 64, generator=gen), torch.randn(6, 16, 3, 64, generator=gen)
+    q = torch.randn(2, 9, 64, generator=gen)
+    tables = torch.tensor([[0, 1, -1], [0, 1, 4]], dtype=torch.int32)
+    both = torch.ops.structserve_cpu.paged_decode_attention(q, k_cache, v_cache, tables,
+                                                            torch.tensor([32, 33], dtype=torch.int32), 0.125)
+    alone = torch.ops.structserve_cpu.paged_decode_attention(q[:1], k_cache, v_cache, tables[:1],
+                                                             torch.tensor([32], dtype=torch.int32), 0.125)
+    assert torch.equal(both[:1], alone)
+
+
+def test_a_nan_query_gives_nan_as_the_reference_does_and_leaves_other_rows_alone() -> None:
+    """A NaN upstream must show as NaN in that row's output (the softmax's exponential keeps it),
+    not as a plausible average of the values; rows of other tokens are unchanged."""
+    batch = make_prefill_batch(9, 3, 64, 16, [(20, 40)])
+    expected = kernel(batch)
+    batch["q"][5, 4, 0] = float("nan")
+    out = kernel(batch)
+    assert reference(batch)[5, 4].isnan().all() and out[5, 4].isnan().all()
+    keep = torch.ones(20, 9, dtype=torch.bool)
+    keep[5, 4] = False
+    assert torch.equal(out[keep], expected[keep])
+    decode = make_prefill_batch(9, 3, 64, 16, [(1, 40), (1, 9)])
+    decode["q"][1, 2, 3] = float("nan")
+    rows = torch.ops.structserve_cpu.paged_decode_attention(decode["q"], decode["k_cache"], decode["v_cache"],
+                                                            decode["block_tables"], decode["seq_lens"], decode["scale"])
+    assert rows[1, 2].isnan().all() and not rows[0].isnan().any()
