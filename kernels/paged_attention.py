@@ -159,8 +159,9 @@ def paged_decode_attention(
     head_dim a multiple of 16 (at most 256) and at most 8 query heads per KV head (rows that are
     consecutive tokens of one query, as `ModelRunner.prepare` lays out a prefill chunk or a forced
     run for the compiled step, go to `paged_prefill_attention`'s tiles there, which read each K/V
-    row once per 16 tokens instead of once per token); else `paged_decode_reduction`. Both give `paged_attention_ref`'s numbers on an all-decode batch
-    (float32 rounding). torch.compile traces the choice once per graph."""
+    row once per 16 tokens instead of once per token); else `paged_decode_reduction`. Both give
+    `paged_attention_ref`'s numbers on an all-decode batch (float32 rounding). torch.compile
+    traces the choice once per graph."""
     if _cpu_kernel_fits(q, k_cache):
         return torch.ops.structserve_cpu.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return paged_decode_reduction(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -77,7 +77,8 @@ inline void merge_chunks(const Partial* chunks, int64_t num_chunks, int64_t grou
 // never joins two sequences, and a row's numbers depend only on its own sequence.
 inline int64_t query_run_end(const int32_t* len, const int32_t* tab, int64_t width, int64_t s, int64_t num_rows) {
   int64_t e = s + 1;
-  while (e < num_rows && len[e] == len[e - 1] + 1 && std::equal(tab + (e - 1) * width, tab + e * width, tab + e * width)) {
+  while (e < num_rows && len[e] == len[e - 1] + 1 &&
+         std::equal(tab + (e - 1) * width, tab + e * width, tab + e * width)) {
     ++e;
   }
   return e;
@@ -100,7 +101,8 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
               "paged_decode_attention: block_tables [S, W] and seq_lens [S] must be int32");
   const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2);
-  TORCH_CHECK(block_size > 0 && KVH > 0, "paged_decode_attention: the caches need blocks of at least one slot and a KV head");
+  TORCH_CHECK(block_size > 0 && KVH > 0,
+              "paged_decode_attention: the caches need blocks of at least one slot and a KV head");
   TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D / 16 <= kMaxChunks,
               "paged_decode_attention: head_dim must match the cache and be a multiple of 16 up to 256");
   TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, "paged_decode_attention: at most 8 query heads per KV head");
@@ -136,7 +138,8 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
   for (int64_t s = 0; s < S;) {
     const int64_t run_end = query_run_end(len, tab, width, s, S);
     if (run_end - s >= kMinQueryRun) {   // rows s .. run_end - 1: one query's tokens
-      structserve_cpu_prefill::add_query_tasks(query_plan, tab + (run_end - 1) * width, s, len[s] - 1, run_end - s, KVH);
+      structserve_cpu_prefill::add_query_tasks(query_plan, tab + (run_end - 1) * width, s, len[s] - 1, run_end - s,
+                                               KVH);
       s = run_end;
       continue;
     }

@@ -13,8 +13,9 @@
 //
 // Tasks: (sequence, KV head, tile of kTileTokens query tokens), taken by the threads from a shared
 // counter, longest first; a tile over a long context is split into tasks of kSplitKeys keys whose
-// softmax states are merged afterwards (`add_query_tasks`). A task's rows are its tokens' `group` query heads (row r = token * group
-// + head), so each K and V value it reads serves every query head of the KV head. The algorithm
+// softmax states are merged afterwards (`add_query_tasks`). A task's rows are its tokens' `group`
+// query heads (row r = token * group + head), so each K and V value it reads serves every query
+// head of the KV head. The algorithm
 // is the online softmax of FlashAttention (Dao et al., 2022, arXiv:2205.14135, Algorithm 1) over
 // tiles of kTileKeys keys, with every matrix kept "rows across lanes": the task's queries are
 // packed once as Q^T [head_dim][rows], the scores of a key tile are S^T [keys][rows] and the
@@ -84,8 +85,8 @@ struct Plan {
 
 // Appends the tasks of one sequence's query of query_len tokens (none when it is 0): tiles of
 // kTileTokens tokens, each for every KV head. A tile whose keys seen by all its rows (context +
-// t0 + 1) exceed kSplitKeys is split into tasks of kSplitKeys keys, the last one running to the
-// tile's end, so that a few tokens over a long context still keep every thread busy; every chunk
+// t0 + 1) reach 2 x kSplitKeys is split into tasks of kSplitKeys keys, the last one running to
+// the tile's end, so that a few tokens over a long context still keep every thread busy; every chunk
 // starts at a key all the tile's rows see. The split depends only on the sequence.
 inline void add_query_tasks(Plan& plan, const int32_t* table, int64_t q_row, int64_t context, int64_t query_len,
                             int64_t kv_heads) {
@@ -348,7 +349,8 @@ inline at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor&
               "paged_prefill_attention: block_tables [S, W], cu_seqlens_q [S + 1] and seq_lens [S] must be int32");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = seq_lens.size(0);
   const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2);
-  TORCH_CHECK(block_size > 0 && KVH > 0, "paged_prefill_attention: the caches need blocks of at least one slot and a KV head");
+  TORCH_CHECK(block_size > 0 && KVH > 0,
+              "paged_prefill_attention: the caches need blocks of at least one slot and a KV head");
   TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D <= kMaxHeadDim,
               "paged_prefill_attention: head_dim must match the cache and be a multiple of 16 up to 256");
   TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, "paged_prefill_attention: at most 8 query heads per KV head");

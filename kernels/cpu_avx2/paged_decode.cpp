@@ -9,7 +9,8 @@
 // two of them. Unlike the AVX-512 kernel, a task scores 8 keys per step and sums the values in
 // tiles of 32 rows with its accumulators in registers (`attend_one`): 1.2-2.0x faster on 2 threads
 // on the project's AMD box (1 sequence of 2,950 keys: 140-148 against 221-243 us; 8 of 350: 103-129
-// against 210-223 us; 32 of 256: 322-356 against 405-570 us; alternating builds), equal on 1 thread. Torch reference: kernels/paged_attention.py (`paged_attention_ref`).
+// against 210-223 us; 32 of 256: 322-356 against 405-570 us; alternating builds), equal on 1
+// thread. Torch reference: kernels/paged_attention.py (`paged_attention_ref`).
 
 #include <immintrin.h>
 
@@ -134,7 +135,9 @@ void attend_one(const AttendArgs& a, std::vector<float>& scores) {
     const float* k = row(a.k_cache, t);
     for (int64_t g = 0; g < group; ++g) {
       __m256 s = _mm256_mul_ps(_mm256_loadu_ps(qs + g * D), _mm256_loadu_ps(k));
-      for (int c = 1; c < NV; ++c) s = _mm256_fmadd_ps(_mm256_loadu_ps(qs + g * D + c * 8), _mm256_loadu_ps(k + c * 8), s);
+      for (int c = 1; c < NV; ++c) {
+        s = _mm256_fmadd_ps(_mm256_loadu_ps(qs + g * D + c * 8), _mm256_loadu_ps(k + c * 8), s);
+      }
       scores[g * padded + t] = hsum(s);
     }
   }
@@ -177,7 +180,8 @@ void attend_one(const AttendArgs& a, std::vector<float>& scores) {
   }
   for (int64_t g = 0; g < group; ++g)
     for (int c = 0; c < NV; ++c)
-      _mm256_storeu_ps(a.out + g * D + c * 8, _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + c * 8), _mm256_set1_ps(inv_sum[g])));
+      _mm256_storeu_ps(a.out + g * D + c * 8,
+                       _mm256_mul_ps(_mm256_loadu_ps(acc + g * D + c * 8), _mm256_set1_ps(inv_sum[g])));
 }
 
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -14,8 +14,9 @@ from kernels.cpu_ops import cpu_supports_common_ops, load_common_ops
 from kernels.paged_attention import paged_attention, paged_attention_ref, paged_prefill_attention
 from tests.kernels.paged_batches import poison_unread_slots, shuffled_block_tables
 
-pytestmark = pytest.mark.skipif(not cpu_supports_common_ops(),
-                                reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ attention kernels")
+pytestmark = pytest.mark.skipif(
+    not cpu_supports_common_ops(),
+    reason="this CPU has neither AVX512-VNNI nor AVX2 and FMA for the C++ attention kernels")
 
 # (num_heads, num_kv_heads, head_dim, block_size, [(query_len, context_len), ...])
 CASES = {
