@@ -36,7 +36,9 @@ using structserve_cpu::run_paged_decode;
 // exp(x) for x <= 0 as 2^n * 2^f, n = round(x log2 e), |f| <= 1/2, 2^f by its Taylor polynomial of
 // degree 7 (relative error below 1e-8 on that range), scaled with vscalefps.
 inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.f));   // exp(-104) is 0 in float32 (below the denormals)
+  // exp(-104) is 0 in float32 (below the denormals); NaN in x is kept (max_ps returns its second
+  // operand), as the torch reference's softmax keeps it
+  x = _mm512_max_ps(_mm512_set1_ps(-104.f), x);
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
