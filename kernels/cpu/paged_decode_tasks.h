@@ -24,8 +24,8 @@
 
 namespace structserve_cpu {
 
-constexpr int kMaxGroup = 8;          // query heads per KV head
-constexpr int kMaxChunks = 16;        // head_dim / 16
+constexpr int kMaxGroup = structserve_cpu_prefill::kMaxGroup;            // query heads per KV head
+constexpr int kMaxChunks = structserve_cpu_prefill::kMaxHeadDim / 16;   // head_dim / 16
 constexpr int64_t kChunkKeys = 512;   // keys per task when a sequence is split between threads
 constexpr int64_t kMinQueryRun = 2;   // rows of one query that go to the prefill kernel together
 
@@ -92,20 +92,12 @@ inline int64_t query_run_end(const int32_t* len, const int32_t* tab, int64_t wid
 template <class Attend>
 at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale, Attend attend) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "paged_decode_attention: q must be float32 [S, H, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && v_cache.sizes() == k_cache.sizes() &&
-                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "paged_decode_attention: caches must be contiguous float32 [blocks, block_size, kv_heads, D]");
+  structserve_cpu_prefill::check_attention_shapes("paged_decode_attention", q, k_cache, v_cache);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt &&
                   seq_lens.dim() == 1 && seq_lens.scalar_type() == at::kInt,
               "paged_decode_attention: block_tables [S, W] and seq_lens [S] must be int32");
   const int64_t S = q.size(0), H = q.size(1), D = q.size(2);
   const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2);
-  TORCH_CHECK(block_size > 0 && KVH > 0,
-              "paged_decode_attention: the caches need blocks of at least one slot and a KV head");
-  TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D / 16 <= kMaxChunks,
-              "paged_decode_attention: head_dim must match the cache and be a multiple of 16 up to 256");
-  TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, "paged_decode_attention: at most 8 query heads per KV head");
   TORCH_CHECK(block_tables.size(0) == S && seq_lens.size(0) == S, "paged_decode_attention: one table row and length per sequence");
   const at::Tensor qc = q.contiguous(), tables = block_tables.contiguous(), lens = seq_lens.contiguous();
   const int64_t width = tables.size(1), num_blocks = k_cache.size(0);
@@ -113,10 +105,8 @@ at::Tensor run_paged_decode(const at::Tensor& q, const at::Tensor& k_cache, cons
   const int32_t* tab = tables.data_ptr<int32_t>();
   for (int64_t s = 0; s < S; ++s) {
     TORCH_CHECK(len[s] >= 1 && len[s] <= width * block_size, "paged_decode_attention: seq_lens out of the table's range");
-    for (int64_t b = 0; b < (len[s] + block_size - 1) / block_size; ++b) {
-      TORCH_CHECK(tab[s * width + b] >= 0 && tab[s * width + b] < num_blocks,
-                  "paged_decode_attention: a block the context needs is not in the cache");
-    }
+    structserve_cpu_prefill::check_context_blocks("paged_decode_attention", tab + s * width, len[s], block_size,
+                                                  num_blocks);
   }
   at::Tensor out = at::empty({S, H, D}, q.options());
   const int64_t group = H / KVH, row_stride = KVH * D;

@@ -52,6 +52,32 @@ constexpr int64_t kRowBlock = 16;     // rows per micro-kernel call (two vectors
 constexpr int64_t kMaxGroup = 8;
 constexpr int64_t kMaxHeadDim = 256;
 
+// The checks both attention operators (this one and paged_decode_tasks.h's) make of q and the
+// caches; `op` names the operator in the messages. Raises (TORCH_CHECK) unless q is float32
+// [rows, H, D], the caches are contiguous float32 [blocks, block_size >= 1, KVH >= 1, D] alike,
+// D is a multiple of 16 up to kMaxHeadDim and H a multiple of KVH, at most kMaxGroup times.
+inline void check_attention_shapes(const char* op, const at::Tensor& q, const at::Tensor& k_cache,
+                                   const at::Tensor& v_cache) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, op, ": q must be float32 [rows, H, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && v_cache.sizes() == k_cache.sizes() &&
+                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              op, ": caches must be contiguous float32 [blocks, block_size, kv_heads, D]");
+  const int64_t H = q.size(1), D = q.size(2), block_size = k_cache.size(1), KVH = k_cache.size(2);
+  TORCH_CHECK(block_size > 0 && KVH > 0, op, ": the caches need blocks of at least one slot and a KV head");
+  TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D <= kMaxHeadDim,
+              op, ": head_dim must match the cache and be a multiple of 16 up to 256");
+  TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, op, ": at most 8 query heads per KV head");
+}
+
+// Raises (TORCH_CHECK) unless every block the first `len` tokens of the table row `row` read is
+// one of the cache's `num_blocks`.
+inline void check_context_blocks(const char* op, const int32_t* row, int64_t len, int64_t block_size,
+                                 int64_t num_blocks) {
+  for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
+    TORCH_CHECK(row[b] >= 0 && row[b] < num_blocks, op, ": a block the context needs is not in the cache");
+  }
+}
+
 // What every task of one call shares.
 struct Call {
   const float* q;        // [rows, heads, head_dim]
@@ -339,21 +365,13 @@ inline void run_tasks(const Call& call, Plan& plan) {
 inline at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                           const at::Tensor& block_tables, const at::Tensor& cu_seqlens_q,
                                           const at::Tensor& seq_lens, double scale) {
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat, "paged_prefill_attention: q must be float32 [T, H, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && v_cache.sizes() == k_cache.sizes() &&
-                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() && v_cache.is_contiguous(),
-              "paged_prefill_attention: caches must be contiguous float32 [blocks, block_size, kv_heads, D]");
+  check_attention_shapes("paged_prefill_attention", q, k_cache, v_cache);
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.scalar_type() == at::kInt && seq_lens.dim() == 1 &&
                   seq_lens.scalar_type() == at::kInt && cu_seqlens_q.dim() == 1 &&
                   cu_seqlens_q.scalar_type() == at::kInt,
               "paged_prefill_attention: block_tables [S, W], cu_seqlens_q [S + 1] and seq_lens [S] must be int32");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), S = seq_lens.size(0);
   const int64_t block_size = k_cache.size(1), KVH = k_cache.size(2);
-  TORCH_CHECK(block_size > 0 && KVH > 0,
-              "paged_prefill_attention: the caches need blocks of at least one slot and a KV head");
-  TORCH_CHECK(k_cache.size(3) == D && D % 16 == 0 && D <= kMaxHeadDim,
-              "paged_prefill_attention: head_dim must match the cache and be a multiple of 16 up to 256");
-  TORCH_CHECK(H % KVH == 0 && H / KVH <= kMaxGroup, "paged_prefill_attention: at most 8 query heads per KV head");
   TORCH_CHECK(block_tables.size(0) == S && cu_seqlens_q.size(0) == S + 1,
               "paged_prefill_attention: one table row, length and query start per sequence");
   const at::Tensor qc = q.contiguous(), tables = block_tables.contiguous(), lens = seq_lens.contiguous(),
@@ -368,10 +386,7 @@ inline at::Tensor paged_prefill_attention(const at::Tensor& q, const at::Tensor&
     const int64_t query_len = cq[s + 1] - cq[s];
     TORCH_CHECK(query_len >= 0 && query_len <= len[s] && len[s] <= width * block_size,
                 "paged_prefill_attention: query or sequence lengths out of range");
-    for (int64_t b = 0; b < (len[s] + block_size - 1) / block_size; ++b) {
-      TORCH_CHECK(tab[s * width + b] >= 0 && tab[s * width + b] < num_blocks,
-                  "paged_prefill_attention: a block the context needs is not in the cache");
-    }
+    check_context_blocks("paged_prefill_attention", tab + s * width, len[s], block_size, num_blocks);
     add_query_tasks(plan, tab + s * width, cq[s], len[s] - query_len, query_len, KVH);
   }
   at::Tensor out = at::empty({T, H, D}, q.options());
