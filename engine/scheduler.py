@@ -24,9 +24,14 @@ class SchedulerConfig:
     max_prefill_tokens_per_step: int = 0
 
     def chunk(self, num_tokens: int, budget: int) -> int:
-        """Tokens of a sequence with `num_tokens` uncomputed ones to run within `budget`."""
+        """Tokens of a sequence with `num_tokens` uncomputed ones to run within `budget`: never all
+        but one (one fewer then), so that a query's last token is not left to a one-token query of
+        its own, which on CPU would run the decode attention kernel instead of the prefill kernel
+        (other rounding) depending on the budget the step's other requests left
+        (tests/engine/test_cache_state_invariance.py)."""
         cap = self.long_prefill_token_threshold
-        return min(num_tokens, budget, cap) if cap > 0 else min(num_tokens, budget)
+        num = min(num_tokens, budget, cap) if cap > 0 else min(num_tokens, budget)
+        return num - 1 if num_tokens - num == 1 and num > 1 else num
 
 
 @dataclass(slots=True)

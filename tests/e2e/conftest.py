@@ -96,13 +96,16 @@ def stop_server(*servers: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Iterator[Server]:
-    """One shared server for the e2e tests (SmolLM2 on the float32 path, `--quantization none`,
-    eager). Its tests compare answers at temperature 0 across requests that the engine batches
-    differently (stream vs whole, n=1 vs n=3, before vs after, alone vs together); on the default
-    weights a step of a few rows runs the int4/int8 copies and a larger one the bf16 copies, whose
-    rounding can flip a near-tied greedy token. The default weights and the compiled step are served
-    by tests/e2e/test_compiled_e2e.py's server."""
-    srv = start_server(tmp_path_factory.mktemp("server"), "--quantization", "none")
+    """One shared server for the e2e tests (SmolLM2 on its int4/int8 copies at every row count,
+    `--crossover-rows all`, eager). Its tests compare answers at temperature 0 across requests that
+    the engine batches differently (stream vs whole, n=1 vs n=3, before vs after, alone vs
+    together, cold vs cached prefixes): those kernels give a row the same bits in any batch, and a
+    prompt's tokens go through the same attention kernel however the cache or the step budget
+    splits them (tests/engine/test_cache_state_invariance.py). With a crossover, a step of a few
+    rows would run the int4/int8 copies and a larger one the bf16/float32 copies, whose rounding can
+    flip a near-tied greedy token. The default crossover and the compiled step are served by
+    tests/e2e/test_compiled_e2e.py's server."""
+    srv = start_server(tmp_path_factory.mktemp("server"), "--crossover-rows", "all")
     yield srv
     stop_server(srv)
 

@@ -35,15 +35,16 @@ def test_allocate_and_free_keeps_invariants():
 
 def test_prefix_hit_shares_blocks_and_counts_tokens():
     pool = BlockPool(num_blocks=16, block_size=4)
-    prompt = list(range(13))
+    prompt = list(range(14))
     a = make_seq(0, prompt)
     run_prefill(pool, a)
     b = make_seq(1, prompt)
     cached = pool.find_cached_prefix(b)
-    assert cached == a.block_table[:3], "3 full blocks of 4; the last token is always recomputed"
+    assert cached == a.block_table[:3], "3 full blocks of 4; the last two tokens are always recomputed"
+    assert pool.find_cached_prefix(make_seq(2, prompt[:13])) == a.block_table[:2], "13: 3 blocks leave 1"
     pool.record_prefix_query(b.num_tokens, len(cached) * pool.block_size)
-    assert pool.stats.hits == 12 and pool.stats.queries == 13
-    assert pool.allocate_slots(b, 1, cached)
+    assert pool.stats.hits == 12 and pool.stats.queries == 14
+    assert pool.allocate_slots(b, 2, cached)
     assert len(b.block_table) == 4
     assert pool.ref_counts[cached[0]] == 2
     pool.check_invariants([a, b])
@@ -51,15 +52,15 @@ def test_prefix_hit_shares_blocks_and_counts_tokens():
 
 def test_adapter_id_isolates_prefix_cache():
     pool = BlockPool(num_blocks=16, block_size=4)
-    run_prefill(pool, make_seq(0, list(range(9)), adapter_id=1))
-    assert pool.find_cached_prefix(make_seq(1, list(range(9)), adapter_id=2)) == []
-    assert len(pool.find_cached_prefix(make_seq(2, list(range(9)), adapter_id=1))) == 2
+    run_prefill(pool, make_seq(0, list(range(10)), adapter_id=1))
+    assert pool.find_cached_prefix(make_seq(1, list(range(10)), adapter_id=2)) == []
+    assert len(pool.find_cached_prefix(make_seq(2, list(range(10)), adapter_id=1))) == 2
 
 
 def test_cache_salt_isolates_prefix_cache():
     """Different salts (or salt vs none) share no block; the same salt shares every full block."""
     pool = BlockPool(num_blocks=32, block_size=4)
-    prompt = list(range(13))
+    prompt = list(range(14))
     run_prefill(pool, make_seq(0, prompt, cache_salt="tenant-a"))
     assert pool.find_cached_prefix(make_seq(1, prompt, cache_salt="tenant-b")) == []
     assert pool.find_cached_prefix(make_seq(2, prompt)) == []
@@ -71,21 +72,21 @@ def test_cache_salt_isolates_prefix_cache():
 
 def test_freed_cached_blocks_are_revived_then_evicted_lru():
     pool = BlockPool(num_blocks=4, block_size=2)
-    a = make_seq(0, [1, 2, 3, 4, 5])
+    a = make_seq(0, [1, 2, 3, 4, 5, 6])
     run_prefill(pool, a)
     pool.free_seq(a)
     assert pool.num_free_blocks == 4
-    b = make_seq(1, [1, 2, 3, 4, 9])
+    b = make_seq(1, [1, 2, 3, 4, 9, 9])
     cached = pool.find_cached_prefix(b)
     assert len(cached) == 2, "blocks with ref_count 0 still serve hits"
-    assert pool.allocate_slots(b, 1, cached)
-    b.num_computed_tokens = 5
+    assert pool.allocate_slots(b, 2, cached)
+    b.num_computed_tokens = 6
     pool.check_invariants([b])
     pool.free_seq(b)
     c = make_seq(2, [7] * 8)
     assert pool.allocate_slots(c, 8)
     pool.check_invariants([c])
-    assert pool.find_cached_prefix(make_seq(3, [1, 2, 3, 4, 5])) == []
+    assert pool.find_cached_prefix(make_seq(3, [1, 2, 3, 4, 5, 6])) == []
 
 
 def test_disabled_prefix_cache_never_hits():

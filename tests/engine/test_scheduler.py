@@ -191,7 +191,8 @@ def test_random_operations_never_leak(ops, caching):
 def test_shared_prompt_sent_at_once_is_prefilled_once():
     sched = new_scheduler(num_blocks=64, max_tokens=64, max_seqs=8)
     prompt = list(range(40))
-    seqs = [make_seq(i, prompt + [100 + i], max_tokens=2) for i in range(4)]
+    # two own tokens each: a prefix hit leaves at least two tokens to compute (BlockPool.find_cached_prefix)
+    seqs = [make_seq(i, prompt + [100 + i, 100 + i], max_tokens=2) for i in range(4)]
     for s in seqs:
         sched.add(s)
     first = sched.schedule()
@@ -201,7 +202,7 @@ def test_shared_prompt_sent_at_once_is_prefilled_once():
     second = sched.schedule()
     assert sorted(s.seq.seq_id for s in second.scheduled) == [0, 1, 2, 3]
     followers = [s for s in second.scheduled if s.seq.seq_id != 0]
-    assert all(s.seq.num_cached_tokens == 40 and s.num_scheduled_tokens == 1 for s in followers)
+    assert all(s.seq.num_cached_tokens == 40 and s.num_scheduled_tokens == 2 for s in followers)
     sched.update_after_step(second)
     sched.check_invariants()
 
@@ -222,7 +223,8 @@ def test_waiting_on_a_preempted_owner_does_not_deadlock():
 def test_a_shared_prompt_longer_than_one_chunk_is_still_prefilled_once():
     sched = new_scheduler(num_blocks=64, max_tokens=16, max_seqs=8)   # a 41-token prompt takes 3 steps
     prompt = list(range(40))
-    owner, follower = make_seq(0, prompt + [100], max_tokens=1), make_seq(1, prompt + [101], max_tokens=1)
+    owner = make_seq(0, prompt + [100], max_tokens=1)
+    follower = make_seq(1, prompt + [101, 101], max_tokens=1)
     sched.add(owner)
     sched.add(follower)
     for _ in range(3):   # the owner's chunks of 16, 16 and 9 tokens, each cached when computed
