@@ -1,9 +1,8 @@
 """The most prompt tokens a block prefix cache can serve on a given load: `replicas_bench.py`'s ceilings.
 
 A request can be served from the cache at most the longest common prefix it shares with a request
-sent before it to the same engine, in whole blocks, and never its last two prompt tokens (the engine
-computes at least two, the last to sample from: `engine/block_pool.py` matches at most
-`(num_tokens - 2) // block_size` blocks). Requests are taken in the order they were sent; with
+sent before it to the same engine, in whole blocks, at most the engine's own limit
+(`engine/block_pool.py` `max_cached_blocks`: the last two prompt tokens are always computed). Requests are taken in the order they were sent; with
 concurrent requests an earlier one may still be prefilling, which the engine waits for
 (`engine/scheduler.py`'s `_prefix_in_flight`), so the order is what counts, not completion.
 
@@ -18,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+from engine.block_pool import max_cached_blocks
+
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -29,7 +30,7 @@ def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _servable(ids: Sequence[int], earlier: list[Sequence[int]], block_size: int) -> int:
     shared = max((_common_prefix_len(ids, other) for other in earlier), default=0)
-    return min(shared, max(len(ids) - 2, 0)) // block_size * block_size
+    return min(shared // block_size, max_cached_blocks(len(ids), block_size)) * block_size
 
 
 def ceiling_given_routing(prompts: Sequence[Sequence[int]], replicas: Sequence[Hashable], block_size: int) -> int:

@@ -9,6 +9,15 @@ from engine.block_hash import hash_full_blocks
 from engine.sequence import Sequence
 
 
+def max_cached_blocks(num_tokens: int, block_size: int) -> int:
+    """The most full blocks a sequence of `num_tokens` tokens takes from the prefix cache:
+    (num_tokens - 2) // block_size, none for a one-token prompt. At least two tokens are always
+    left to compute: the last one's logits are needed, and a query of one token would run the
+    decode attention kernel on CPU where a cold prefill computes the same token in the prefill
+    kernel, whose sums round differently (the answer would depend on what the cache held)."""
+    return max(num_tokens - 2, 0) // block_size
+
+
 @dataclass(slots=True)
 class PrefixCacheStats:
     """Prefix-cache counters in tokens: prompt tokens looked up, and those served by a hit."""
@@ -55,18 +64,15 @@ class BlockPool:
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Block ids of the longest cached prefix of `seq`'s tokens, for a sequence with no blocks.
 
-        At least two tokens are always left to compute: the last one's logits are needed, and a
-        query of one token would run the decode attention kernel on CPU where a cold prefill
-        computes the same token in the prefill kernel, whose sums round differently (the answer
-        would depend on what the cache held). So at most (num_tokens - 2) // block_size blocks
-        match, none for a one-token prompt. Also fills `seq.block_hashes` for those blocks.
-        Changes no ref count and no counter: pass the result to `allocate_slots`, and count the
-        lookup with `record_prefix_query` once the sequence is admitted.
+        At most `max_cached_blocks(num_tokens, block_size)` blocks match. Also fills
+        `seq.block_hashes` for those blocks. Changes no ref count and no counter: pass the result
+        to `allocate_slots`, and count the lookup with `record_prefix_query` once the sequence is
+        admitted.
         """
         assert not seq.block_table
         if not self.enable_prefix_caching:
             return []
-        max_blocks = max(seq.num_tokens - 2, 0) // self.block_size
+        max_blocks = max_cached_blocks(seq.num_tokens, self.block_size)
         seq.block_hashes = hash_full_blocks(
             seq.token_ids, self.block_size, seq.adapter_id, seq.block_hashes[:max_blocks],
             max_blocks * self.block_size, seq.cache_salt)
